@@ -1,0 +1,275 @@
+//! The [`Backend`] trait: allocation, host transfer and the coarse, layer-level op list that
+//! every compute backend (CPU, CUDA) implements and the parity suite checks.
+//!
+//! Conventions for every op:
+//! * tensors are row-major; "rows" `N` are the flattened leading dims (e.g. `B*T`), "C" the
+//!   last dim;
+//! * outputs named `out`/`d_x` are **overwritten**; parameter gradients (`d_weight`,
+//!   `d_bias`, `d_table`) are **accumulated** (`+=`), so microbatches add up;
+//! * an op given a dtype it does not implement fails with an error naming the op, the dtype
+//!   and the backend (never a silent cast).
+
+use crate::{DType, DeviceTensor, HostBuffer, Result};
+
+/// `C[m,n] = alpha * op(A)[m,k] · op(B)[k,n] + beta * C (+ bias[n] on every row)`.
+///
+/// `A` is stored row-major as `[m,k]`, or `[k,m]` when `trans_a`; `B` as `[k,n]`, or `[n,k]`
+/// when `trans_b` (the layout of a Linear weight `[out, in]`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmSpec {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl GemmSpec {
+    /// `out[m,n] = x[m,k] · W[n,k]^T`, the forward of a Linear layer.
+    pub fn linear(m: usize, n: usize, k: usize) -> GemmSpec {
+        GemmSpec { m, n, k, trans_a: false, trans_b: true, alpha: 1.0, beta: 0.0 }
+    }
+}
+
+/// Causal (or full) multi-head self-attention over a fused QKV tensor.
+///
+/// `qkv` is `(B, T, heads, 3, head_dim)`: Megatron's fused layout, per head its q, k and v
+/// rows (SPEC §4.2 with `ng = np`). `out` is `(B, T, heads*head_dim)`, `lse` (the
+/// log-sum-exp of every score row, kept for the recomputing backward) is `(B, heads, T)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// Multiplies `q·k` before the softmax; Megatron's default is `1/sqrt(head_dim)`.
+    pub scale: f32,
+    /// Dropout on the attention probabilities (0 = off). The mask is a pure function of
+    /// `(dropout_seed, b, h, i, j)` so backward regenerates it instead of storing it.
+    pub dropout_p: f32,
+    pub dropout_seed: u64,
+}
+
+/// Rotary position embedding applied to the q and k parts of a fused `(B,T,heads,3,hd)` QKV.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RotarySpec {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Rotated channels (`head_dim * rotary_percent`), even.
+    pub rotary_dim: usize,
+    pub base: f32,
+    /// Adjacent pairs `(2i, 2i+1)` instead of the two halves.
+    pub interleaved: bool,
+    /// Position of token 0 (for generation with a cache).
+    pub position_offset: usize,
+}
+
+/// One fused AdamW update (decoupled weight decay, bias correction), Megatron/PyTorch
+/// semantics: `p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²;
+/// p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// 1-based step count for bias correction.
+    pub step: u64,
+}
+
+/// A compute backend. CPU and CUDA implement the same list; names are registered plugins.
+pub trait Backend: Send + Sync {
+    /// Registered name (`cpu`, `cuda`).
+    fn name(&self) -> &str;
+
+    // ---- memory -------------------------------------------------------------------------
+    fn zeros(&self, shape: &[usize], dtype: DType) -> Result<DeviceTensor>;
+    #[allow(clippy::wrong_self_convention)] // the name ARCHITECTURE.md gives the op
+    fn from_host(&self, data: HostBuffer, shape: &[usize]) -> Result<DeviceTensor>;
+    fn to_host(&self, t: &DeviceTensor) -> Result<HostBuffer>;
+    fn synchronize(&self) -> Result<()>;
+    /// `dst = src` (same shape and dtype).
+    fn copy(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()>;
+    /// `dst = cast(src)` between float dtypes (round to nearest even).
+    fn cast(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()>;
+
+    // ---- elementwise and reductions ------------------------------------------------------
+    fn fill(&self, t: &mut DeviceTensor, value: f32) -> Result<()>;
+    fn scale(&self, t: &mut DeviceTensor, s: f32) -> Result<()>;
+    /// `a += alpha * b`.
+    fn axpy(&self, a: &mut DeviceTensor, alpha: f32, b: &DeviceTensor) -> Result<()>;
+    /// `out = a + b` (the residual add).
+    fn add(&self, a: &DeviceTensor, b: &DeviceTensor, out: &mut DeviceTensor) -> Result<()>;
+    /// `out[C] += sum over rows of x[N, C]` (bias gradients).
+    fn sum_rows(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()>;
+    /// `Σ x²` accumulated in f64 (gradient norms).
+    fn sum_squares(&self, x: &DeviceTensor) -> Result<f64>;
+    /// `max |x|` and whether any element is inf/NaN.
+    fn abs_max(&self, x: &DeviceTensor) -> Result<(f32, bool)>;
+
+    // ---- matmul ---------------------------------------------------------------------------
+    /// See [`GemmSpec`]. `bias` (length n) is added to every output row when given.
+    fn gemm(
+        &self,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        c: &mut DeviceTensor,
+        spec: GemmSpec,
+        bias: Option<&DeviceTensor>,
+    ) -> Result<()>;
+
+    // ---- norms ----------------------------------------------------------------------------
+    /// `out = (x - mean)/sqrt(var + eps) * w + b` over the last dim; saves `mean`, `rstd` `[N]`.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward(
+        &self,
+        x: &DeviceTensor,
+        weight: &DeviceTensor,
+        bias: Option<&DeviceTensor>,
+        eps: f32,
+        out: &mut DeviceTensor,
+        mean: &mut DeviceTensor,
+        rstd: &mut DeviceTensor,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        d_out: &DeviceTensor,
+        x: &DeviceTensor,
+        weight: &DeviceTensor,
+        mean: &DeviceTensor,
+        rstd: &DeviceTensor,
+        d_x: &mut DeviceTensor,
+        d_weight: &mut DeviceTensor,
+        d_bias: Option<&mut DeviceTensor>,
+    ) -> Result<()>;
+    /// `out = x / sqrt(mean(x²) + eps) * w`; saves `rstd` `[N]`.
+    fn rmsnorm_forward(
+        &self,
+        x: &DeviceTensor,
+        weight: &DeviceTensor,
+        eps: f32,
+        out: &mut DeviceTensor,
+        rstd: &mut DeviceTensor,
+    ) -> Result<()>;
+    fn rmsnorm_backward(
+        &self,
+        d_out: &DeviceTensor,
+        x: &DeviceTensor,
+        weight: &DeviceTensor,
+        rstd: &DeviceTensor,
+        d_x: &mut DeviceTensor,
+        d_weight: &mut DeviceTensor,
+    ) -> Result<()>;
+
+    // ---- activations ----------------------------------------------------------------------
+    /// GeLU, tanh approximation (Megatron's fused bias-GeLU).
+    fn gelu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()>;
+    fn gelu_backward(&self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()>;
+    /// `x [N, 2F]` → `out [N, F] = silu(x[:, :F]) * x[:, F:]`.
+    fn swiglu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()>;
+    fn swiglu_backward(&self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()>;
+    /// Row softmax over the last dim.
+    fn softmax_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()>;
+    fn softmax_backward(&self, y: &DeviceTensor, d_y: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()>;
+    /// Inverted dropout in place: keep with probability `1-p`, scale kept by `1/(1-p)`. The mask
+    /// is a pure function of `(seed, element index)`; backward calls this again on the gradient
+    /// with the same seed.
+    fn dropout(&self, x: &mut DeviceTensor, p: f32, seed: u64) -> Result<()>;
+
+    // ---- attention and positions ----------------------------------------------------------
+    /// See [`AttentionSpec`] for layouts.
+    fn attention_forward(
+        &self,
+        qkv: &DeviceTensor,
+        out: &mut DeviceTensor,
+        lse: &mut DeviceTensor,
+        spec: AttentionSpec,
+    ) -> Result<()>;
+    /// Writes the whole `d_qkv` (scores recomputed from `qkv` and `lse`).
+    fn attention_backward(
+        &self,
+        d_out: &DeviceTensor,
+        qkv: &DeviceTensor,
+        out: &DeviceTensor,
+        lse: &DeviceTensor,
+        d_qkv: &mut DeviceTensor,
+        spec: AttentionSpec,
+    ) -> Result<()>;
+    /// Rotates q and k in place; `inverse` applies the transpose rotation (the backward).
+    fn rotary(&self, qkv: &mut DeviceTensor, spec: RotarySpec, inverse: bool) -> Result<()>;
+
+    // ---- embeddings and loss (vocab-parallel pieces, SPEC §5.2/§5.4) -----------------------
+    /// `out[i] (+)= table[ids[i] - row_start]`, zero for ids outside
+    /// `[row_start, row_start + rows)` (vocab-parallel lookup). `ids` is int32 `[N]`.
+    fn embedding_forward(
+        &self,
+        ids: &DeviceTensor,
+        table: &DeviceTensor,
+        row_start: usize,
+        out: &mut DeviceTensor,
+        accumulate: bool,
+    ) -> Result<()>;
+    /// `d_table[ids[i] - row_start] += d_out[i]` for ids in range.
+    fn embedding_backward(
+        &self,
+        ids: &DeviceTensor,
+        d_out: &DeviceTensor,
+        row_start: usize,
+        d_table: &mut DeviceTensor,
+    ) -> Result<()>;
+    /// `row_max[i] = max_j logits[i, j]` over this rank's vocab slice.
+    fn row_max(&self, logits: &DeviceTensor, row_max: &mut DeviceTensor) -> Result<()>;
+    /// With the (all-reduced) `row_max`: `sum_exp[i] = Σ_j exp(logits[i,j] - row_max[i])` and
+    /// `target_logit[i] = logits[i, t_i - vocab_start] - row_max[i]` when this rank owns the
+    /// target `t_i`, else 0. Both `[N]` f32.
+    fn cross_entropy_stats(
+        &self,
+        logits: &DeviceTensor,
+        targets: &DeviceTensor,
+        vocab_start: usize,
+        row_max: &DeviceTensor,
+        sum_exp: &mut DeviceTensor,
+        target_logit: &mut DeviceTensor,
+    ) -> Result<()>;
+    /// Turns `logits` into `d_logits` in place (saves a `[N, V]` buffer):
+    /// `d = (softmax - onehot(target)) * d_loss[i]` with the global `row_max`/`sum_exp`.
+    fn cross_entropy_backward_inplace(
+        &self,
+        logits: &mut DeviceTensor,
+        targets: &DeviceTensor,
+        vocab_start: usize,
+        row_max: &DeviceTensor,
+        sum_exp: &DeviceTensor,
+        d_loss: &DeviceTensor,
+    ) -> Result<()>;
+
+    // ---- optimizer steps ------------------------------------------------------------------
+    fn adam_step(
+        &self,
+        param: &mut DeviceTensor,
+        grad: &DeviceTensor,
+        exp_avg: &mut DeviceTensor,
+        exp_avg_sq: &mut DeviceTensor,
+        step: AdamStep,
+    ) -> Result<()>;
+    /// SGD with momentum and (coupled, as torch.optim.SGD) weight decay:
+    /// `g' = g + wd p; buf = momentum*buf + g'; p -= lr*buf` (`buf = g'` on the first step).
+    #[allow(clippy::too_many_arguments)]
+    fn sgd_step(
+        &self,
+        param: &mut DeviceTensor,
+        grad: &DeviceTensor,
+        momentum_buf: &mut DeviceTensor,
+        lr: f32,
+        momentum: f32,
+        weight_decay: f32,
+        first_step: bool,
+    ) -> Result<()>;
+}

@@ -1,0 +1,44 @@
+//! `megatron-core`: the minimal core of megatron-rs.
+//!
+//! It owns the traits every plugin implements ([`Backend`], [`Communicator`],
+//! [`ParallelStrategy`], [`Model`], [`Schedule`], [`Optimizer`], [`LrSchedule`], [`Dataset`],
+//! [`Tokenizer`], [`MetricsSink`]), the small types they share ([`DeviceTensor`], [`DType`],
+//! [`ParallelContext`], [`Batch`], [`Param`]) and the plugin [`registry`]. It depends on no
+//! other workspace crate; everything else is a plugin registered by name.
+
+pub mod backend;
+pub mod comm;
+pub mod data;
+pub mod dtype;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod parallel;
+pub mod registry;
+pub mod schedule;
+pub mod tensor;
+
+pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, RotarySpec};
+pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
+pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
+pub use dtype::DType;
+pub use metrics::MetricsSink;
+pub use model::{Batch, LossReport, Mode, Model, Param, ParamLayout};
+pub use optim::{LrSchedule, Optimizer, OptimizerState};
+pub use parallel::{ParallelContext, ParallelStrategy, RankGrid};
+pub use registry::{Factory, Plugin, PluginCrate, PluginKind, Registry};
+pub use schedule::Schedule;
+pub use tensor::{DeviceStorage, DeviceTensor, HostBuffer, Storage};
+
+/// Errors are `anyhow` errors carrying context that names the file, field or flag at fault.
+pub type Result<T> = anyhow::Result<T>;
+
+/// Re-exported so plugin crates use the same versions as the core.
+pub use anyhow;
+pub use erased_serde;
+pub use half;
+pub use inventory;
+pub use serde_json;
+
+/// The version string dynamic plugins must match.
+pub const CORE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,194 @@
+//! Parallel state: the rank grid (SPEC §5.1), the [`ParallelContext`] passed to everything
+//! that communicates, and the [`ParallelStrategy`] trait.
+
+use crate::{Communicator, Group, Param, Result, SingleRankCommunicator};
+use anyhow::bail;
+use std::sync::Arc;
+
+/// Sizes of the dense rank grid, laid out in Megatron's default order `tp-cp-ep-dp-pp`
+/// (tp fastest): `rank = tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank))` (ep = 1 for
+/// dense layers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankGrid {
+    pub tp: usize,
+    pub cp: usize,
+    pub dp: usize,
+    pub pp: usize,
+}
+
+/// Coordinates of one rank in a [`RankGrid`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankCoords {
+    pub tp: usize,
+    pub cp: usize,
+    pub dp: usize,
+    pub pp: usize,
+}
+
+impl RankGrid {
+    /// Derives `dp = world / (tp*cp*pp)`; errors name the flags when it does not divide.
+    pub fn new(world_size: usize, tp: usize, cp: usize, pp: usize) -> Result<RankGrid> {
+        if tp == 0 || cp == 0 || pp == 0 || world_size == 0 {
+            bail!("parallel sizes must be >= 1 (world {world_size}, tp {tp}, cp {cp}, pp {pp})");
+        }
+        let mp = tp * cp * pp;
+        if !world_size.is_multiple_of(mp) {
+            bail!(
+                "world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x \
+                 --context-parallel-size {cp} x --pipeline-model-parallel-size {pp} = {mp}"
+            );
+        }
+        Ok(RankGrid { tp, cp, dp: world_size / mp, pp })
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.tp * self.cp * self.dp * self.pp
+    }
+
+    pub fn coords(&self, rank: usize) -> RankCoords {
+        RankCoords {
+            tp: rank % self.tp,
+            cp: (rank / self.tp) % self.cp,
+            dp: (rank / (self.tp * self.cp)) % self.dp,
+            pp: rank / (self.tp * self.cp * self.dp),
+        }
+    }
+
+    pub fn rank(&self, c: RankCoords) -> usize {
+        c.tp + self.tp * (c.cp + self.cp * (c.dp + self.dp * c.pp))
+    }
+
+    /// The group of ranks sharing every coordinate of `rank` except those selected.
+    fn group_varying(&self, rank: usize, name: &str, vary: [bool; 4]) -> Group {
+        let me = self.coords(rank);
+        let mut ranks: Vec<usize> = (0..self.world_size())
+            .filter(|&r| {
+                let c = self.coords(r);
+                (vary[0] || c.tp == me.tp)
+                    && (vary[1] || c.cp == me.cp)
+                    && (vary[2] || c.dp == me.dp)
+                    && (vary[3] || c.pp == me.pp)
+            })
+            .collect();
+        ranks.sort_unstable();
+        Group::new(name, ranks)
+    }
+
+    /// Builds the context of global rank `rank`.
+    pub fn context(&self, rank: usize, comm: Arc<dyn Communicator>) -> ParallelContext {
+        let c = self.coords(rank);
+        let pp_group = self.group_varying(rank, "pp", [false, false, false, true]);
+        let first = pp_group.ranks[0];
+        let last = *pp_group.ranks.last().unwrap_or(&first);
+        let mut emb = vec![first];
+        if last != first {
+            emb.push(last);
+        }
+        ParallelContext {
+            grid: *self,
+            rank,
+            tp_rank: c.tp,
+            cp_rank: c.cp,
+            dp_rank: c.dp,
+            pp_rank: c.pp,
+            world_group: Group::new("world", (0..self.world_size()).collect()),
+            tp_group: self.group_varying(rank, "tp", [true, false, false, false]),
+            cp_group: self.group_varying(rank, "cp", [false, true, false, false]),
+            dp_group: self.group_varying(rank, "dp", [false, false, true, false]),
+            pp_group,
+            mp_group: self.group_varying(rank, "mp", [true, false, false, true]),
+            embedding_group: Group::new("embedding", emb),
+            comm,
+        }
+    }
+}
+
+/// Everything a rank knows about the parallel layout; passed by reference, never global.
+#[derive(Clone)]
+pub struct ParallelContext {
+    pub grid: RankGrid,
+    pub rank: usize,
+    pub tp_rank: usize,
+    pub cp_rank: usize,
+    pub dp_rank: usize,
+    pub pp_rank: usize,
+    pub world_group: Group,
+    pub tp_group: Group,
+    pub cp_group: Group,
+    pub dp_group: Group,
+    pub pp_group: Group,
+    /// Model-parallel group (TP x PP): gradient-norm and inf checks reduce over it.
+    pub mp_group: Group,
+    /// First and last pipeline stage of this pipeline (tied embeddings).
+    pub embedding_group: Group,
+    pub comm: Arc<dyn Communicator>,
+}
+
+impl std::fmt::Debug for ParallelContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParallelContext")
+            .field("grid", &self.grid)
+            .field("rank", &self.rank)
+            .field("comm", &self.comm.name())
+            .finish()
+    }
+}
+
+impl ParallelContext {
+    /// World of one rank: tp = pp = dp = 1.
+    pub fn single() -> ParallelContext {
+        let grid = RankGrid { tp: 1, cp: 1, dp: 1, pp: 1 };
+        grid.context(0, Arc::new(SingleRankCommunicator))
+    }
+
+    pub fn tp_size(&self) -> usize {
+        self.grid.tp
+    }
+    pub fn pp_size(&self) -> usize {
+        self.grid.pp
+    }
+    pub fn dp_size(&self) -> usize {
+        self.grid.dp
+    }
+    pub fn world_size(&self) -> usize {
+        self.grid.world_size()
+    }
+    /// Megatron's `pre_process`: this stage holds the embedding.
+    pub fn is_first_stage(&self) -> bool {
+        self.pp_rank == 0
+    }
+    /// Megatron's `post_process`: this stage holds the final norm, output layer and loss.
+    pub fn is_last_stage(&self) -> bool {
+        self.pp_rank + 1 == self.grid.pp
+    }
+}
+
+/// Builds the rank grid and owns data-parallel gradient reduction.
+pub trait ParallelStrategy: Send + Sync {
+    fn name(&self) -> &str;
+    /// The context of `rank` in a world of `comm.world_size()` ranks.
+    fn build_context(&self, comm: Arc<dyn Communicator>) -> Result<ParallelContext>;
+    /// Reduces (averages per SPEC §5.6) parameter gradients over the data-parallel group.
+    fn reduce_gradients(&self, params: &mut [&mut Param], ctx: &ParallelContext) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_groups_match_spec_example() {
+        // SPEC §5.1: W=8, tp=2, pp=2, dp=2.
+        let g = RankGrid::new(8, 2, 1, 2).unwrap();
+        assert_eq!(g.dp, 2);
+        let ctx = |r| g.context(r, Arc::new(SingleRankCommunicator));
+        assert_eq!(ctx(0).tp_group.ranks, vec![0, 1]);
+        assert_eq!(ctx(6).tp_group.ranks, vec![6, 7]);
+        assert_eq!(ctx(1).dp_group.ranks, vec![1, 3]);
+        assert_eq!(ctx(4).dp_group.ranks, vec![4, 6]);
+        assert_eq!(ctx(2).pp_group.ranks, vec![2, 6]);
+        assert_eq!(ctx(3).pp_group.ranks, vec![3, 7]);
+        assert_eq!(ctx(3).embedding_group.ranks, vec![3, 7]);
+        assert!(RankGrid::new(6, 4, 1, 1).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Datasets: Megatron .bin/.idx reader, mock data, GPT samples

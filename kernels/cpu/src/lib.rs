@@ -1,0 +1,1 @@
+//! CPU compute backend: gemm + rayon kernels and the naive reference ops

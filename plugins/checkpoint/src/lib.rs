@@ -1,0 +1,1 @@
+//! Native checkpoint format: safetensors shards + JSON metadata, atomic writes

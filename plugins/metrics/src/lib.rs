@@ -1,0 +1,1 @@
+//! Metrics sinks: console, JSONL and TensorBoard event files

@@ -1,0 +1,1 @@
+//! Optimizers (Adam/AdamW, SGD), gradient clipping, LR and weight-decay schedules

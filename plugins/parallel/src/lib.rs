@@ -1,0 +1,1 @@
+//! Parallel strategy (rank grid, DP gradient reduction), single-rank communicator, pipeline schedules

@@ -1,0 +1,1 @@
+//! Tokenizers: GPT-2 byte-level BPE, null tokenizer
