@@ -14,6 +14,9 @@ pub struct Batch {
     pub labels: Vec<i32>,
     /// 1.0 where the token counts towards the loss `(b, s)`.
     pub loss_mask: Vec<f32>,
+    /// Seed of every dropout mask of this microbatch. The driver derives it from
+    /// `(--seed, iteration, microbatch index)`, so a resumed run draws the same masks.
+    pub seed: u64,
 }
 
 /// What a forward pass reports (SPEC §6.8): `Σ loss·mask` and `Σ mask` of the microbatch.
