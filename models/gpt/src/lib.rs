@@ -1,1 +1,34 @@
-//! GPT model (GPT-2/GPT-3 style) built from transformer specs
+//! `megatron-gpt`: the GPT model (GPT-2/GPT-3 style, Megatron-Core `GPTModel` with the local
+//! spec) built from `megatron-transformer` blocks, its config, the Hugging Face GPT-2 weight
+//! mapping, and the `gpt` model plugin registration.
+//!
+//! GPT-2 style by default: learned absolute positions, pre-LayerNorm, GeLU (tanh), biases,
+//! embedding dropout, and the output layer tied to the word embedding.
+
+pub mod config;
+pub mod hf_gpt2;
+pub mod model;
+
+pub use config::GptConfig;
+pub use hf_gpt2::{export_hf_gpt2, load_hf_gpt2, load_hf_gpt2_file, Export, HfTensor};
+pub use model::GptModel;
+
+use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};
+use megatron_core::{Factory, Model, Plugin, Result};
+
+fn build_gpt(de: ConfigDe, env: &ModelEnv) -> Result<Box<dyn Model>> {
+    let config: GptConfig = parse_config(de, "gpt")?;
+    Ok(Box::new(GptModel::new(config, env.backend.clone(), env.ctx.clone())?))
+}
+
+fn plugins() -> Vec<Plugin> {
+    vec![Plugin {
+        name: "gpt",
+        description: "GPT decoder (learned positions, pre-norm, GeLU/SwiGLU, tied or untied output layer)",
+        factory: Factory::Model(build_gpt),
+    }]
+}
+
+megatron_core::inventory::submit! {
+    megatron_core::PluginCrate { crate_name: env!("CARGO_PKG_NAME"), version: env!("CARGO_PKG_VERSION"), plugins }
+}

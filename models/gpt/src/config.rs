@@ -1,0 +1,218 @@
+//! [`GptConfig`]: the `gpt` model plugin's configuration (Megatron's flag names in
+//! snake_case), its validation, vocabulary padding (SPEC §3.2) and FLOPs (SPEC §6.13).
+
+use anyhow::{bail, Result};
+use megatron_transformer::{NormKind, TransformerConfig};
+use serde::{Deserialize, Serialize};
+
+fn default_divisible_by() -> usize {
+    128
+}
+fn default_init_std() -> f32 {
+    0.02
+}
+fn default_dropout() -> f32 {
+    0.1
+}
+fn default_eps() -> f32 {
+    1e-5
+}
+fn default_seed() -> u64 {
+    1234
+}
+fn default_norm() -> NormKind {
+    NormKind::LayerNorm
+}
+fn default_position_embedding() -> String {
+    "learned_absolute".to_string()
+}
+fn default_true() -> bool {
+    true
+}
+
+/// GPT architecture and initialization. Defaults are Megatron's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GptConfig {
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    /// MLP inner size; default `4 * hidden_size`.
+    #[serde(default)]
+    pub ffn_hidden_size: Option<usize>,
+    pub seq_length: usize,
+    pub max_position_embeddings: usize,
+    /// Unpadded tokenizer vocabulary size.
+    pub vocab_size: usize,
+    #[serde(default = "default_divisible_by")]
+    pub make_vocab_size_divisible_by: usize,
+    /// Overrides the padding rule (`--padded-vocab-size`, e.g. restored from a checkpoint).
+    #[serde(default)]
+    pub padded_vocab_size: Option<usize>,
+    #[serde(default = "default_init_std")]
+    pub init_method_std: f32,
+    #[serde(default = "default_dropout")]
+    pub hidden_dropout: f32,
+    #[serde(default = "default_dropout")]
+    pub attention_dropout: f32,
+    #[serde(default = "default_eps")]
+    pub layernorm_epsilon: f32,
+    /// Base seed of the parameter initialization.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// `LayerNorm` or `RMSNorm`.
+    #[serde(default = "default_norm")]
+    pub normalization: NormKind,
+    #[serde(default)]
+    pub swiglu: bool,
+    /// Only `learned_absolute` is implemented.
+    #[serde(default = "default_position_embedding")]
+    pub position_embedding_type: String,
+    #[serde(default)]
+    pub untie_embeddings_and_output_weights: bool,
+    /// `false` is `--disable-bias-linear`.
+    #[serde(default = "default_true")]
+    pub add_bias_linear: bool,
+}
+
+impl GptConfig {
+    /// A config with Megatron's defaults for everything but the sizes.
+    pub fn new(
+        num_layers: usize,
+        hidden_size: usize,
+        num_attention_heads: usize,
+        seq_length: usize,
+        vocab_size: usize,
+    ) -> GptConfig {
+        GptConfig {
+            num_layers,
+            hidden_size,
+            num_attention_heads,
+            ffn_hidden_size: None,
+            seq_length,
+            max_position_embeddings: seq_length,
+            vocab_size,
+            make_vocab_size_divisible_by: default_divisible_by(),
+            padded_vocab_size: None,
+            init_method_std: default_init_std(),
+            hidden_dropout: default_dropout(),
+            attention_dropout: default_dropout(),
+            layernorm_epsilon: default_eps(),
+            seed: default_seed(),
+            normalization: default_norm(),
+            swiglu: false,
+            position_embedding_type: default_position_embedding(),
+            untie_embeddings_and_output_weights: false,
+            add_bias_linear: true,
+        }
+    }
+
+    pub fn ffn_hidden_size(&self) -> usize {
+        self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
+    }
+
+    /// `ceil(vocab / m) * m` with `m = make_vocab_size_divisible_by * tp` (SPEC §3.2).
+    pub fn padded_vocab_size(&self, tp: usize) -> Result<usize> {
+        if let Some(v) = self.padded_vocab_size {
+            if v < self.vocab_size || !v.is_multiple_of(tp) {
+                bail!(
+                    "padded_vocab_size {v} must be >= vocab_size {} and divisible by --tensor-model-parallel-size {tp}",
+                    self.vocab_size
+                );
+            }
+            return Ok(v);
+        }
+        let m = self.make_vocab_size_divisible_by.max(1) * tp;
+        Ok(self.vocab_size.div_ceil(m) * m)
+    }
+
+    /// Checks everything that does not depend on the transformer sizes' TP divisibility.
+    pub fn validate(&self) -> Result<()> {
+        if self.position_embedding_type != "learned_absolute" {
+            bail!(
+                "position_embedding_type `{}` is not implemented by the gpt model; use `learned_absolute`",
+                self.position_embedding_type
+            );
+        }
+        if self.vocab_size == 0 || self.seq_length == 0 {
+            bail!("vocab_size and seq_length must be >= 1");
+        }
+        if self.max_position_embeddings < self.seq_length {
+            bail!(
+                "max_position_embeddings {} < seq_length {}; learned absolute positions need \
+                 --max-position-embeddings >= --seq-length",
+                self.max_position_embeddings,
+                self.seq_length
+            );
+        }
+        if self.init_method_std.is_nan() || self.init_method_std <= 0.0 {
+            bail!("init_method_std must be > 0, got {}", self.init_method_std);
+        }
+        Ok(())
+    }
+
+    /// The per-layer sizes the transformer crate needs.
+    pub fn transformer_config(&self) -> TransformerConfig {
+        TransformerConfig {
+            num_layers: self.num_layers,
+            hidden_size: self.hidden_size,
+            num_attention_heads: self.num_attention_heads,
+            ffn_hidden_size: self.ffn_hidden_size(),
+            layernorm_epsilon: self.layernorm_epsilon,
+            hidden_dropout: self.hidden_dropout,
+            attention_dropout: self.attention_dropout,
+            init_method_std: self.init_method_std,
+        }
+    }
+
+    /// Model FLOPs of one iteration on `samples` sequences of `seq_length` (SPEC §6.13,
+    /// dense MHA GPT, causal attention counted half), with the padded vocabulary of `tp`.
+    pub fn flops_per_iteration(&self, samples: usize, tp: usize) -> f64 {
+        let (l, h, s) = (self.num_layers as f64, self.hidden_size as f64, self.seq_length as f64);
+        let v = self.padded_vocab_size(tp).unwrap_or(self.vocab_size) as f64;
+        let glu = if self.swiglu { 1.5 } else { 1.0 };
+        // q_ratio = 1 and g/np = 1 (no GQA, kv_channels = h/np).
+        let attn = 12.0 * l * h * h * (2.0 + s / (2.0 * h));
+        let mlp = 12.0 * l * h * self.ffn_hidden_size() as f64 * glu;
+        let logits = 6.0 * h * v;
+        samples as f64 * s * (mlp + attn + logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flops_match_the_spec_golden_value() {
+        let mut c = GptConfig::new(24, 1024, 16, 1024, 50257);
+        c.max_position_embeddings = 1024;
+        assert_eq!(c.padded_vocab_size(1).unwrap(), 50304);
+        let f = c.flops_per_iteration(8, 1);
+        assert!((f - 1.8612240777216e13).abs() / 1.8612240777216e13 < 1e-12, "{f}");
+    }
+
+    #[test]
+    fn vocab_padding_follows_tp() {
+        let c = GptConfig::new(2, 64, 4, 32, 50257);
+        assert_eq!(c.padded_vocab_size(1).unwrap(), 50304);
+        assert_eq!(c.padded_vocab_size(2).unwrap(), 50432);
+        assert_eq!(GptConfig::new(2, 64, 4, 32, 1024).padded_vocab_size(1).unwrap(), 1024);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_positions_are_errors() {
+        let bad = serde_json::json!({"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+            "seq_length": 4, "max_position_embeddings": 4, "vocab_size": 10, "hidden_szie": 3});
+        let e = serde_json::from_value::<GptConfig>(bad).unwrap_err().to_string();
+        assert!(e.contains("hidden_szie"), "{e}");
+        let mut c = GptConfig::new(2, 8, 2, 4, 10);
+        c.position_embedding_type = "rope".into();
+        assert!(c.validate().is_err());
+        let ok = serde_json::json!({"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
+            "seq_length": 4, "max_position_embeddings": 4, "vocab_size": 10, "normalization": "RMSNorm"});
+        let c: GptConfig = serde_json::from_value(ok).unwrap();
+        assert_eq!(c.normalization, NormKind::RMSNorm);
+        assert_eq!(c.ffn_hidden_size(), 32);
+    }
+}

@@ -1,0 +1,139 @@
+//! Embeddings (SPEC §4.4, §5.2): the vocab-parallel word embedding and Megatron-Core's
+//! `LanguageModelEmbedding` (word + learned absolute positions + embedding dropout).
+
+use crate::init::{Init, ModuleBuilder, Split};
+use crate::layer::hidden_dropout;
+use crate::step::{empty, ensure_shape, DropoutSite, StepInfo};
+use crate::tp_mappings::all_reduce_tp;
+use anyhow::{bail, Result};
+use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param, ReduceOp};
+use std::sync::Arc;
+
+/// `[V_padded, h]` table with rows split over TP: rank `r` owns ids `[r*V/tp, (r+1)*V/tp)`;
+/// ids outside the range give zero rows and the partial lookups are all-reduced.
+pub struct VocabParallelEmbedding {
+    backend: Arc<dyn Backend>,
+    ctx: ParallelContext,
+    pub weight: Param,
+}
+
+impl VocabParallelEmbedding {
+    /// Parameter `{prefix}.weight`, `Normal(0, init_std)`.
+    pub fn new(b: &ModuleBuilder, prefix: &str, vocab_padded: usize, hidden: usize, init_std: f32) -> Result<Self> {
+        let weight = b.param(
+            &format!("{prefix}.weight"),
+            &[vocab_padded, hidden],
+            Split::Rows { chunks: 1 },
+            Init::Normal(init_std),
+        )?;
+        Ok(VocabParallelEmbedding { backend: b.backend.clone(), ctx: b.ctx.clone(), weight })
+    }
+
+    /// `(first id, number of ids)` owned by this rank.
+    pub fn vocab_range(&self) -> (usize, usize) {
+        let rows = self.weight.value.shape()[0];
+        (self.weight.layout.tp_rank * rows, rows)
+    }
+
+    /// `out (B, T, C) = table[ids]`, `ids` int32 `(B*T)`.
+    pub fn forward(&mut self, ids: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
+        self.backend.embedding_forward(ids, &self.weight.value, self.vocab_range().0, out, false)?;
+        all_reduce_tp(&self.ctx, out, ReduceOp::Sum, "the vocab-parallel embedding lookup")
+    }
+
+    /// `d_table[id] += d_out[i]` for the ids this rank owns (the all-reduce's backward is the
+    /// identity: `d_out` is replicated).
+    pub fn backward(&mut self, ids: &DeviceTensor, d_out: &DeviceTensor) -> Result<()> {
+        self.backend.embedding_backward(ids, d_out, self.vocab_range().0, &mut self.weight.grad)
+    }
+}
+
+/// Word embedding + learned absolute position embedding, then embedding dropout
+/// (`hidden_dropout`). Megatron transposes to `[s, b, h]` here; we stay `(B, T, C)`.
+pub struct LanguageModelEmbedding {
+    backend: Arc<dyn Backend>,
+    pub word_embeddings: VocabParallelEmbedding,
+    pub position_embeddings: Param,
+    dropout: f32,
+    position_ids: DeviceTensor, // (B*T) int32: t for every row
+    d_embedding: DeviceTensor,  // (B, T, C): dropout-masked output gradient
+}
+
+impl LanguageModelEmbedding {
+    /// Parameters `{prefix}.word_embeddings.weight` `[V_padded, h]` and
+    /// `{prefix}.position_embeddings.weight` `[max_positions, h]` (replicated).
+    pub fn new(
+        b: &ModuleBuilder,
+        prefix: &str,
+        vocab_padded: usize,
+        max_positions: usize,
+        hidden: usize,
+        init_std: f32,
+        dropout: f32,
+    ) -> Result<Self> {
+        let word_embeddings =
+            VocabParallelEmbedding::new(b, &format!("{prefix}.word_embeddings"), vocab_padded, hidden, init_std)?;
+        let position_embeddings = b.param(
+            &format!("{prefix}.position_embeddings.weight"),
+            &[max_positions, hidden],
+            Split::Replicated,
+            Init::Normal(init_std),
+        )?;
+        let backend = b.backend.clone();
+        Ok(LanguageModelEmbedding {
+            position_ids: backend.zeros(&[0], DType::I32)?,
+            d_embedding: empty(backend.as_ref())?,
+            backend,
+            word_embeddings,
+            position_embeddings,
+            dropout,
+        })
+    }
+
+    fn ensure_positions(&mut self, step: &StepInfo) -> Result<()> {
+        let max = self.position_embeddings.value.shape()[0];
+        if step.seq > max {
+            bail!(
+                "sequence length {} exceeds max_position_embeddings {max}; raise --max-position-embeddings",
+                step.seq
+            );
+        }
+        if self.position_ids.shape() != [step.tokens()] {
+            let ids: Vec<i32> = (0..step.tokens()).map(|i| (i % step.seq) as i32).collect();
+            self.position_ids = self.backend.from_host(HostBuffer::I32(ids), &[step.tokens()])?;
+        }
+        Ok(())
+    }
+
+    /// `out (B, T, C) = dropout(word[ids] + pos[t])`, `ids` int32 `(B*T)`.
+    pub fn forward(&mut self, ids: &DeviceTensor, out: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
+        self.ensure_positions(step)?;
+        // Positions are added after the vocab all-reduce so they are counted once.
+        self.word_embeddings.forward(ids, out)?;
+        self.backend.embedding_forward(&self.position_ids, &self.position_embeddings.value, 0, out, true)?;
+        hidden_dropout(self.backend.as_ref(), out, self.dropout, 0, DropoutSite::Embedding, step)
+    }
+
+    /// Accumulates the word and position table gradients from `d_out (B, T, C)`.
+    pub fn backward(&mut self, ids: &DeviceTensor, d_out: &DeviceTensor, step: &StepInfo) -> Result<()> {
+        self.ensure_positions(step)?;
+        ensure_shape(self.backend.as_ref(), &mut self.d_embedding, d_out.shape())?;
+        self.backend.copy(d_out, &mut self.d_embedding)?;
+        hidden_dropout(self.backend.as_ref(), &mut self.d_embedding, self.dropout, 0, DropoutSite::Embedding, step)?;
+        self.backend.embedding_backward(
+            &self.position_ids,
+            &self.d_embedding,
+            0,
+            &mut self.position_embeddings.grad,
+        )?;
+        self.word_embeddings.backward(ids, &self.d_embedding)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        vec![&self.word_embeddings.weight, &self.position_embeddings]
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.word_embeddings.weight, &mut self.position_embeddings]
+    }
+}

@@ -1,0 +1,159 @@
+//! One pre-norm transformer layer (SPEC §4.1):
+//! `h1 = x + dropout(attn(norm1(x)))`, `y = h1 + dropout(mlp(norm2(h1)))`.
+//!
+//! Activation memory kept per layer for backward (f32 elements, `N = B*T`, `C` hidden,
+//! `F` ffn, `np` heads, all divided by `tp` where the layer is tensor-parallel):
+//! the layer input `x` (`N·C`, owned by the block), `norm1(x)`, `h1`, `norm2(h1)` (`3·N·C`),
+//! `qkv` (`3·N·C/tp`), the attention context (`N·C/tp`), `fc1` and activation outputs
+//! (`2·N·F/tp`, `3·N·F/tp` gated), the softmax log-sum-exp (`B·np/tp·T`) and the norm
+//! statistics (`≤ 4N`). With `F = 4C`, tp = 1: about `16·N·C` floats per layer, e.g.
+//! GPT-2 124M at B=4, T=1024 (C=768): 201 MB per layer, 2.4 GB for 12 layers.
+//! Dropout masks are not stored: they are regenerated from their seeds.
+
+use crate::attention::SelfAttention;
+use crate::init::ModuleBuilder;
+use crate::mlp::Mlp;
+use crate::norm::NormLayer;
+use crate::spec::{SpecProvider, TransformerConfig, TransformerLayerSpec};
+use crate::step::{empty, ensure_shape, BackwardScratch, DropoutSite, StepInfo};
+use anyhow::{Context, Result};
+use megatron_core::{Backend, DeviceTensor, Param};
+use std::sync::Arc;
+
+pub struct TransformerLayer {
+    backend: Arc<dyn Backend>,
+    /// 0-based index within the block (parameter names and dropout seeds).
+    pub layer_number: usize,
+    pub input_layernorm: Box<dyn NormLayer>,
+    pub self_attention: SelfAttention,
+    pub pre_mlp_layernorm: Box<dyn NormLayer>,
+    pub mlp: Mlp,
+    hidden_dropout: f32,
+    ln1_out: DeviceTensor, // (B, T, C)
+    h1: DeviceTensor,      // (B, T, C)
+    ln2_out: DeviceTensor, // (B, T, C)
+}
+
+impl TransformerLayer {
+    /// Builds the modules of `{prefix}` (e.g. `decoder.layers.3`) from `spec` via `provider`.
+    pub fn new(
+        b: &ModuleBuilder,
+        provider: &dyn SpecProvider,
+        prefix: &str,
+        cfg: &TransformerConfig,
+        spec: &TransformerLayerSpec,
+        layer_number: usize,
+    ) -> Result<TransformerLayer> {
+        let (h, eps) = (cfg.hidden_size, cfg.layernorm_epsilon);
+        let backend = b.backend.clone();
+        Ok(TransformerLayer {
+            input_layernorm: provider.norm(b, &format!("{prefix}.input_layernorm"), spec.input_layernorm, h, eps)?,
+            self_attention: SelfAttention::new(
+                b,
+                provider,
+                &format!("{prefix}.self_attention"),
+                cfg,
+                spec.self_attention,
+                layer_number,
+            )?,
+            pre_mlp_layernorm: provider.norm(
+                b,
+                &format!("{prefix}.pre_mlp_layernorm"),
+                spec.pre_mlp_layernorm,
+                h,
+                eps,
+            )?,
+            mlp: Mlp::new(b, provider, &format!("{prefix}.mlp"), cfg, spec.mlp)?,
+            hidden_dropout: cfg.hidden_dropout,
+            layer_number,
+            ln1_out: empty(backend.as_ref())?,
+            h1: empty(backend.as_ref())?,
+            ln2_out: empty(backend.as_ref())?,
+            backend,
+        })
+    }
+
+    /// `y (B, T, C)` from `x (B, T, C)`; in training keeps what backward needs.
+    pub fn forward(&mut self, x: &DeviceTensor, y: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
+        let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
+        let backend = self.backend.as_ref();
+        for t in [&mut self.ln1_out, &mut self.h1, &mut self.ln2_out] {
+            ensure_shape(backend, t, &shape)?;
+        }
+        self.input_layernorm.forward(x, &mut self.ln1_out)?;
+        // h1 = x + dropout(attn(ln1(x))): the branch is written into h1, then x is added.
+        self.self_attention.forward(&self.ln1_out, &mut self.h1, step)?;
+        let (p, layer) = (self.hidden_dropout, self.layer_number);
+        hidden_dropout(backend, &mut self.h1, p, layer, DropoutSite::AttentionOutput, step)?;
+        backend.axpy(&mut self.h1, 1.0, x)?;
+        self.pre_mlp_layernorm.forward(&self.h1, &mut self.ln2_out)?;
+        // y = h1 + dropout(mlp(ln2(h1))).
+        self.mlp.forward(&self.ln2_out, y, step)?;
+        hidden_dropout(backend, y, p, layer, DropoutSite::MlpOutput, step)?;
+        backend.axpy(y, 1.0, &self.h1)
+    }
+
+    /// On entry `d_res (B, T, C)` is `dL/dy`; on exit it is `dL/dx` (the residual stream's
+    /// gradient flows through unchanged, each branch adds its part). `x` is this layer's input.
+    pub fn backward(
+        &mut self,
+        x: &DeviceTensor,
+        d_res: &mut DeviceTensor,
+        scratch: &mut BackwardScratch,
+        step: &StepInfo,
+    ) -> Result<()> {
+        let backend = self.backend.clone();
+        let BackwardScratch { d_branch, d_norm, inner } = scratch;
+        ensure_shape(backend.as_ref(), d_branch, d_res.shape())?;
+        ensure_shape(backend.as_ref(), d_norm, d_res.shape())?;
+        let (p, layer) = (self.hidden_dropout, self.layer_number);
+        let ctx = || format!("backward of decoder layer {layer}");
+
+        // MLP branch: d_branch = dropout(dL/dy) (same mask), through mlp and norm2, into d_res.
+        backend.copy(d_res, d_branch)?;
+        hidden_dropout(backend.as_ref(), d_branch, p, layer, DropoutSite::MlpOutput, step)?;
+        self.mlp.backward(&self.ln2_out, d_branch, d_norm, inner).with_context(ctx)?;
+        self.pre_mlp_layernorm.backward(d_norm, &self.h1, d_branch).with_context(ctx)?;
+        backend.axpy(d_res, 1.0, d_branch)?;
+
+        // Attention branch, same pattern on dL/dh1.
+        backend.copy(d_res, d_branch)?;
+        hidden_dropout(backend.as_ref(), d_branch, p, layer, DropoutSite::AttentionOutput, step)?;
+        self.self_attention.backward(&self.ln1_out, d_branch, d_norm, inner, step).with_context(ctx)?;
+        self.input_layernorm.backward(d_norm, x, d_branch).with_context(ctx)?;
+        backend.axpy(d_res, 1.0, d_branch)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        let mut p = self.input_layernorm.params();
+        p.extend(self.self_attention.params());
+        p.extend(self.pre_mlp_layernorm.params());
+        p.extend(self.mlp.params());
+        p
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p = self.input_layernorm.params_mut();
+        p.extend(self.self_attention.params_mut());
+        p.extend(self.pre_mlp_layernorm.params_mut());
+        p.extend(self.mlp.params_mut());
+        p
+    }
+}
+
+/// Inverted dropout of a residual branch in place (a no-op outside training). Backward calls
+/// it again on the gradient with the same seed, which applies the same mask and scale.
+pub fn hidden_dropout(
+    backend: &dyn Backend,
+    t: &mut DeviceTensor,
+    p: f32,
+    layer: usize,
+    site: DropoutSite,
+    step: &StepInfo,
+) -> Result<()> {
+    let p = step.dropout_p(p);
+    if p > 0.0 {
+        backend.dropout(t, p, step.dropout_seed(layer, site, 0))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! Specs and providers (Megatron-Core's `ModuleSpec` / `BackendSpecProvider`, SPEC §12.2).
+//!
+//! A model is assembled from a [`TransformerConfig`] (sizes, dropout, init), a
+//! [`TransformerBlockSpec`] (what goes into each slot of each layer) and a [`SpecProvider`]
+//! (which implementation builds a linear or a norm). A different backend, MoE or TP scheme is
+//! a different provider or spec, never an edited model.
+
+use crate::init::ModuleBuilder;
+use crate::linear::{ColumnParallelLinear, LinearConfig, LinearLayer, RowParallelLinear};
+use crate::norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
+use anyhow::{bail, Result};
+
+/// Sizes and hyper-parameters shared by every layer (Megatron's `TransformerConfig`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TransformerConfig {
+    pub num_layers: usize,
+    pub hidden_size: usize,
+    pub num_attention_heads: usize,
+    /// MLP inner size (per gate/up half when gated).
+    pub ffn_hidden_size: usize,
+    pub layernorm_epsilon: f32,
+    pub hidden_dropout: f32,
+    pub attention_dropout: f32,
+    /// `init_method` std; output layers (linear_proj, linear_fc2) use `std / sqrt(2 L)`.
+    pub init_method_std: f32,
+}
+
+impl TransformerConfig {
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// `output_layer_init_method` std (SPEC §4.6).
+    pub fn output_init_std(&self) -> f32 {
+        self.init_method_std / (2.0 * self.num_layers as f32).sqrt()
+    }
+
+    /// Checks the divisibility rules of SPEC §4.2/§4.3 for a TP group of `tp`.
+    pub fn validate(&self, tp: usize) -> Result<()> {
+        let c = self;
+        if c.num_layers == 0 || c.hidden_size == 0 || c.num_attention_heads == 0 || c.ffn_hidden_size == 0 {
+            bail!("num_layers, hidden_size, num_attention_heads and ffn_hidden_size must all be >= 1");
+        }
+        if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
+            bail!(
+                "hidden_size {} is not divisible by num_attention_heads {}; pick sizes with hidden = heads x head_dim",
+                c.hidden_size,
+                c.num_attention_heads
+            );
+        }
+        if !c.num_attention_heads.is_multiple_of(tp) || !c.ffn_hidden_size.is_multiple_of(tp) {
+            bail!(
+                "num_attention_heads {} and ffn_hidden_size {} must be divisible by --tensor-model-parallel-size {tp}",
+                c.num_attention_heads,
+                c.ffn_hidden_size
+            );
+        }
+        for (name, p) in [("hidden_dropout", c.hidden_dropout), ("attention_dropout", c.attention_dropout)] {
+            if !(0.0..1.0).contains(&p) {
+                bail!("{name} = {p} must be in [0, 1)");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// MLP activation (SPEC §4.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Fused bias-GeLU, tanh approximation (Megatron's local spec default).
+    GeluTanh,
+    /// Gated SiLU; fc1 produces `[gate; up]`.
+    SwiGlu,
+}
+
+/// Slots of the self-attention module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SelfAttentionSpec {
+    /// Biases on linear_qkv and linear_proj.
+    pub bias: bool,
+    pub causal: bool,
+}
+
+/// Slots of the MLP module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlpSpec {
+    pub activation: Activation,
+    /// Biases on linear_fc1 and linear_fc2.
+    pub bias: bool,
+}
+
+/// Slots of one pre-norm transformer layer (Megatron's `TransformerLayerSubmodules`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransformerLayerSpec {
+    pub input_layernorm: NormKind,
+    pub self_attention: SelfAttentionSpec,
+    pub pre_mlp_layernorm: NormKind,
+    pub mlp: MlpSpec,
+}
+
+/// One spec per layer (heterogeneous stacks allowed) plus the final norm.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransformerBlockSpec {
+    pub layers: Vec<TransformerLayerSpec>,
+    pub final_layernorm: Option<NormKind>,
+}
+
+/// `get_gpt_layer_local_spec`: causal attention, `norm` everywhere, GeLU or SwiGLU.
+pub fn gpt_layer_local_spec(norm: NormKind, swiglu: bool, bias: bool) -> TransformerLayerSpec {
+    TransformerLayerSpec {
+        input_layernorm: norm,
+        self_attention: SelfAttentionSpec { bias, causal: true },
+        pre_mlp_layernorm: norm,
+        mlp: MlpSpec { activation: if swiglu { Activation::SwiGlu } else { Activation::GeluTanh }, bias },
+    }
+}
+
+/// `get_gpt_decoder_block_spec` for a dense model: `num_layers` copies of `layer` and a final norm.
+pub fn gpt_decoder_block_spec(layer: TransformerLayerSpec, num_layers: usize) -> TransformerBlockSpec {
+    TransformerBlockSpec { layers: vec![layer; num_layers], final_layernorm: Some(layer.input_layernorm) }
+}
+
+/// Builds the leaf modules a spec asks for (Megatron's `BackendSpecProvider`).
+pub trait SpecProvider: Send + Sync {
+    fn column_parallel_linear(
+        &self,
+        b: &ModuleBuilder,
+        prefix: &str,
+        cfg: LinearConfig,
+    ) -> Result<Box<dyn LinearLayer>>;
+    fn row_parallel_linear(&self, b: &ModuleBuilder, prefix: &str, cfg: LinearConfig) -> Result<Box<dyn LinearLayer>>;
+    fn norm(
+        &self,
+        b: &ModuleBuilder,
+        prefix: &str,
+        kind: NormKind,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<Box<dyn NormLayer>>;
+}
+
+/// The local (pure Megatron-Core) tensor-parallel provider: gemm-based parallel linears and
+/// backend norms.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LocalSpecProvider;
+
+impl SpecProvider for LocalSpecProvider {
+    fn column_parallel_linear(
+        &self,
+        b: &ModuleBuilder,
+        prefix: &str,
+        cfg: LinearConfig,
+    ) -> Result<Box<dyn LinearLayer>> {
+        Ok(Box::new(ColumnParallelLinear::new(b, prefix, cfg)?))
+    }
+
+    fn row_parallel_linear(&self, b: &ModuleBuilder, prefix: &str, cfg: LinearConfig) -> Result<Box<dyn LinearLayer>> {
+        Ok(Box::new(RowParallelLinear::new(b, prefix, cfg)?))
+    }
+
+    fn norm(
+        &self,
+        b: &ModuleBuilder,
+        prefix: &str,
+        kind: NormKind,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<Box<dyn NormLayer>> {
+        Ok(match kind {
+            NormKind::LayerNorm => Box::new(LayerNorm::new(b, prefix, hidden, eps)?),
+            NormKind::RMSNorm => Box::new(RmsNorm::new(b, prefix, hidden, eps)?),
+        })
+    }
+}

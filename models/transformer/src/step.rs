@@ -1,0 +1,108 @@
+//! Per-microbatch run information shared by every module ([`StepInfo`]), dropout seed
+//! derivation, and the activation-buffer helper that allocates once per `(B, T)` shape.
+
+use crate::init::mix64;
+use anyhow::Result;
+use megatron_core::{Backend, DType, DeviceTensor};
+
+/// Where a dropout mask is applied; part of the seed so no two sites share a mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropoutSite {
+    Embedding,
+    AttentionProbs,
+    AttentionOutput,
+    MlpOutput,
+}
+
+impl DropoutSite {
+    fn code(self) -> u64 {
+        match self {
+            DropoutSite::Embedding => 1,
+            DropoutSite::AttentionProbs => 2,
+            DropoutSite::AttentionOutput => 3,
+            DropoutSite::MlpOutput => 4,
+        }
+    }
+}
+
+/// What every module needs to know about the microbatch being run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepInfo {
+    pub batch: usize,
+    pub seq: usize,
+    /// Dropout on (and activations kept for backward).
+    pub train: bool,
+    /// `Batch::seed`: the root of every dropout mask of this microbatch.
+    pub seed: u64,
+}
+
+impl StepInfo {
+    /// Rows of the flattened `(B, T)` activations.
+    pub fn tokens(&self) -> usize {
+        self.batch * self.seq
+    }
+
+    /// Seed of the dropout mask at `site` of layer `layer` (the embedding uses layer 0).
+    /// `tp_rank` is mixed in only where Megatron uses the model-parallel RNG stream (attention
+    /// probabilities, whose heads differ per TP rank, SPEC §5.11); other masks are identical on
+    /// every TP rank because they act on replicated activations.
+    pub fn dropout_seed(&self, layer: usize, site: DropoutSite, tp_rank: usize) -> u64 {
+        let tp = if site == DropoutSite::AttentionProbs { tp_rank as u64 + 1 } else { 0 };
+        mix64(mix64(mix64(self.seed) ^ (layer as u64 + 1)) ^ (site.code() << 32) ^ (tp << 48))
+    }
+
+    /// The dropout probability to apply now: zero outside training.
+    pub fn dropout_p(&self, p: f32) -> f32 {
+        if self.train {
+            p
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Reallocates `t` (zeros, f32) unless it already has `shape`; activation buffers are kept
+/// across microbatches of the same `(B, T)`.
+pub fn ensure_shape(backend: &dyn Backend, t: &mut DeviceTensor, shape: &[usize]) -> Result<()> {
+    if t.shape() != shape || t.dtype() != DType::F32 {
+        *t = backend.zeros(shape, DType::F32)?;
+    }
+    Ok(())
+}
+
+/// An empty placeholder until the first forward fixes the shape.
+pub fn empty(backend: &dyn Backend) -> Result<DeviceTensor> {
+    backend.zeros(&[0], DType::F32)
+}
+
+/// Gradient buffers of the backward pass, shared by all layers of a block (only one layer
+/// runs backward at a time), so their memory does not grow with depth. Each user sizes the
+/// buffers it takes with [`ensure_shape`].
+pub struct BackwardScratch {
+    pub d_branch: DeviceTensor, // (B, T, C): gradient entering a residual branch
+    pub d_norm: DeviceTensor,   // (B, T, C): gradient at a norm's input or output
+    pub inner: ModuleScratch,
+}
+
+/// The gradient buffers inside attention and MLP.
+pub struct ModuleScratch {
+    pub d_context: DeviceTensor, // (B, T, heads/tp * head_dim)
+    pub d_qkv: DeviceTensor,     // (B, T, heads/tp, 3, head_dim)
+    pub d_act: DeviceTensor,     // (B, T, F/tp)
+    pub d_fc1: DeviceTensor,     // (B, T, F/tp), (B, T, 2F/tp) when gated
+}
+
+impl BackwardScratch {
+    pub fn new(backend: &dyn Backend) -> Result<BackwardScratch> {
+        Ok(BackwardScratch {
+            d_branch: empty(backend)?,
+            d_norm: empty(backend)?,
+            inner: ModuleScratch {
+                d_context: empty(backend)?,
+                d_qkv: empty(backend)?,
+                d_act: empty(backend)?,
+                d_fc1: empty(backend)?,
+            },
+        })
+    }
+}
