@@ -1,0 +1,72 @@
+//! Global gradient norm, clipping and the inf/NaN check (SPEC §6.6, §6.7).
+//!
+//! The norm is global over the model: squares of this rank's grads, all-reduced over the
+//! model-parallel (TP×PP) group. Grads replicated over TP are identical on every TP rank, so
+//! only TP rank 0 counts them.
+
+use anyhow::Result;
+use megatron_core::{Backend, ParallelContext, Param, ReduceOp};
+
+/// Whether `p`'s gradient belongs in this rank's share of the global norm.
+fn counts_on_this_rank(p: &Param, ctx: &ParallelContext) -> bool {
+    p.layout.tp_axis.is_some() || ctx.tp_rank == 0
+}
+
+/// The global L2 norm `sqrt(Σ g²)` of the gradients of `params`, identical on every rank of
+/// the model-parallel group. Inf/NaN in any grad gives a non-finite norm.
+pub fn grad_norm(params: &[&Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<f64> {
+    let mut sum = [0.0f64];
+    for p in params.iter().filter(|p| counts_on_this_rank(p, ctx)) {
+        sum[0] += backend.sum_squares(&p.grad)?;
+    }
+    ctx.comm.all_reduce_f64(&ctx.mp_group, &mut sum, ReduceOp::Sum)?;
+    Ok(sum[0].sqrt())
+}
+
+/// Megatron's `clip_grad_norm`: with `max_norm > 0`, computes the global norm and, when
+/// `coef = max_norm / (norm + 1e-6) < 1`, multiplies every grad by `coef`; returns the norm.
+/// With `max_norm == 0` nothing is computed and the reported norm is 0.0 (as Megatron logs).
+/// A non-finite norm is returned unclipped: check it with [`is_finite_norm`] and skip the step.
+pub fn clip_grad_norm(
+    params: &mut [&mut Param],
+    max_norm: f64,
+    backend: &dyn Backend,
+    ctx: &ParallelContext,
+) -> Result<f64> {
+    if max_norm <= 0.0 {
+        return Ok(0.0);
+    }
+    let norm = {
+        let view: Vec<&Param> = params.iter().map(|p| &**p).collect();
+        grad_norm(&view, backend, ctx)?
+    };
+    if !is_finite_norm(norm) {
+        return Ok(norm);
+    }
+    let coef = max_norm / (norm + 1e-6);
+    if coef < 1.0 {
+        for p in params.iter_mut() {
+            backend.scale(&mut p.grad, coef as f32)?;
+        }
+    }
+    Ok(norm)
+}
+
+/// `false` for inf or NaN: the update must be skipped (SPEC §6.7).
+pub fn is_finite_norm(norm: f64) -> bool {
+    norm.is_finite()
+}
+
+/// Whether any gradient of any rank of the model-parallel group holds inf or NaN (the fp16
+/// loss-scaler check and `--check-for-nan-in-loss-and-grad`), all-reduced with MAX.
+pub fn grads_have_inf_or_nan(params: &[&Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<bool> {
+    let mut found = [0.0f64];
+    for p in params {
+        if backend.abs_max(&p.grad)?.1 {
+            found[0] = 1.0;
+            break;
+        }
+    }
+    ctx.comm.all_reduce_f64(&ctx.mp_group, &mut found, ReduceOp::Max)?;
+    Ok(found[0] > 0.0)
+}

@@ -1,0 +1,49 @@
+//! The `no-pipelining` schedule (SPEC §5.5): each microbatch's forward then backward in turn,
+//! gradients accumulating; with Megatron's default loss normalisation (SPEC §6.8) the
+//! backward loss of a microbatch is `loss_sum / max(num_tokens, 1) / M`.
+
+use anyhow::{bail, Result};
+use megatron_core::{Batch, LossReport, Mode, Model, ParallelContext, Schedule};
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPipelining;
+
+impl Schedule for NoPipelining {
+    fn name(&self) -> &str {
+        "no-pipelining"
+    }
+
+    fn run(
+        &mut self,
+        model: &mut dyn Model,
+        next_batch: &mut dyn FnMut() -> Result<Batch>,
+        num_microbatches: usize,
+        forward_only: bool,
+        ctx: &ParallelContext,
+    ) -> Result<Vec<LossReport>> {
+        if ctx.pp_size() > 1 {
+            bail!(
+                "the `no-pipelining` schedule runs a single pipeline stage, but --pipeline-model-parallel-size is {}; \
+                 pipelined runs need the 1F1B schedule, which comes with the issue \"Tensor, pipeline and data \
+                 parallelism\"",
+                ctx.pp_size()
+            );
+        }
+        if num_microbatches == 0 {
+            bail!("a global batch needs at least one microbatch (--global-batch-size / (--micro-batch-size x dp))");
+        }
+        let mode = if forward_only { Mode::Eval } else { Mode::Train };
+        let mut reports = Vec::with_capacity(num_microbatches);
+        for _ in 0..num_microbatches {
+            let batch = next_batch()?;
+            let report = model.forward(&batch, mode)?;
+            if !forward_only {
+                // d(backward loss)/d(per-token loss): per-token mean, averaged over microbatches.
+                let scale = 1.0 / report.num_tokens.max(1.0) / num_microbatches as f64;
+                model.backward(scale as f32)?;
+            }
+            reports.push(report);
+        }
+        Ok(reports)
+    }
+}

@@ -1,0 +1,111 @@
+//! The `megatron` parallel strategy: builds the rank grid of SPEC §5.1 from the TP/PP/CP sizes
+//! and averages gradients over data parallelism as Megatron's DDP does by default (§5.6):
+//! pre-scale by `1/(dp*cp)`, then SUM all-reduce over the DP×CP group.
+
+use crate::grad_scaling::scale_host_tensor;
+use anyhow::{bail, Result};
+use megatron_core::{Communicator, Group, ParallelContext, ParallelStrategy, Param, RankGrid, ReduceOp};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Config of the `megatron` strategy; the data-parallel size is derived from the world size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StrategyConfig {
+    /// `--tensor-model-parallel-size`.
+    #[serde(default = "one")]
+    pub tensor_model_parallel_size: usize,
+    /// `--pipeline-model-parallel-size`.
+    #[serde(default = "one")]
+    pub pipeline_model_parallel_size: usize,
+    /// `--context-parallel-size`.
+    #[serde(default = "one")]
+    pub context_parallel_size: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Default for StrategyConfig {
+    fn default() -> StrategyConfig {
+        StrategyConfig { tensor_model_parallel_size: 1, pipeline_model_parallel_size: 1, context_parallel_size: 1 }
+    }
+}
+
+#[derive(Debug)]
+pub struct MegatronStrategy {
+    config: StrategyConfig,
+}
+
+impl MegatronStrategy {
+    pub fn new(config: StrategyConfig) -> Result<MegatronStrategy> {
+        for (v, flag) in [
+            (config.tensor_model_parallel_size, "--tensor-model-parallel-size"),
+            (config.pipeline_model_parallel_size, "--pipeline-model-parallel-size"),
+            (config.context_parallel_size, "--context-parallel-size"),
+        ] {
+            if v == 0 {
+                bail!("{flag} must be >= 1");
+            }
+        }
+        Ok(MegatronStrategy { config })
+    }
+
+    pub fn config(&self) -> &StrategyConfig {
+        &self.config
+    }
+}
+
+/// The DP×CP group of this rank (ranks sharing its TP and PP coordinates): gradients of
+/// replicas over data *and* context parallelism are averaged together (SPEC §5.6). With
+/// `cp == 1` it is exactly `ctx.dp_group`.
+pub fn dp_cp_group(ctx: &ParallelContext) -> Group {
+    if ctx.grid.cp == 1 {
+        return ctx.dp_group.clone();
+    }
+    let me = ctx.grid.coords(ctx.rank);
+    let ranks = (0..ctx.world_size())
+        .filter(|&r| {
+            let c = ctx.grid.coords(r);
+            c.tp == me.tp && c.pp == me.pp
+        })
+        .collect();
+    Group::new("dp-cp", ranks)
+}
+
+impl ParallelStrategy for MegatronStrategy {
+    fn name(&self) -> &str {
+        "megatron"
+    }
+
+    fn build_context(&self, comm: Arc<dyn Communicator>) -> Result<ParallelContext> {
+        let c = &self.config;
+        let grid = RankGrid::new(
+            comm.world_size(),
+            c.tensor_model_parallel_size,
+            c.context_parallel_size,
+            c.pipeline_model_parallel_size,
+        )?;
+        let rank = comm.rank();
+        if rank >= grid.world_size() {
+            bail!("communicator `{}` reports rank {rank} in a world of {} ranks", comm.name(), grid.world_size());
+        }
+        Ok(grid.context(rank, comm))
+    }
+
+    fn reduce_gradients(&self, params: &mut [&mut Param], ctx: &ParallelContext) -> Result<()> {
+        let group = dp_cp_group(ctx);
+        if group.size() == 1 {
+            return Ok(());
+        }
+        // Pre-scaling (rather than dividing the sum) is Megatron's default and keeps the
+        // partial sums in range for low-precision gradient buffers.
+        let scale = 1.0 / group.size() as f32;
+        for p in params.iter_mut() {
+            scale_host_tensor(&mut p.grad, scale, &p.name)?;
+            ctx.comm.all_reduce(&group, &mut p.grad, ReduceOp::Sum)?;
+        }
+        Ok(())
+    }
+}
