@@ -1,1 +1,5 @@
-fn main() {}
+//! The `megatron` binary.
+
+fn main() {
+    std::process::exit(megatron::cli::main());
+}

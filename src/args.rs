@@ -1,0 +1,180 @@
+//! `megatron pretrain` flags, with Megatron-LM's names and defaults (SPEC §11).
+//!
+//! Flags Megatron has but megatron-rs does not implement yet are either absent (clap reports
+//! them as unknown) or accepted and rejected in [`crate::config`] with a message saying so.
+
+use clap::Args;
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Args, Clone, Debug, Serialize)]
+pub struct PretrainArgs {
+    // ---- model (SPEC §11.1) ------------------------------------------------------------
+    /// Registered model plugin to train.
+    #[arg(long, default_value = "gpt")]
+    pub model: String,
+    #[arg(long)]
+    pub num_layers: usize,
+    #[arg(long)]
+    pub hidden_size: usize,
+    #[arg(long)]
+    pub ffn_hidden_size: Option<usize>,
+    #[arg(long)]
+    pub num_attention_heads: usize,
+    #[arg(long)]
+    pub seq_length: usize,
+    #[arg(long)]
+    pub max_position_embeddings: Option<usize>,
+    #[arg(long, default_value_t = 128)]
+    pub make_vocab_size_divisible_by: usize,
+    #[arg(long, default_value = "LayerNorm")]
+    pub normalization: String,
+    #[arg(long, default_value_t = 1e-5)]
+    pub norm_epsilon: f32,
+    #[arg(long, default_value = "learned_absolute")]
+    pub position_embedding_type: String,
+    #[arg(long)]
+    pub swiglu: bool,
+    #[arg(long)]
+    pub untie_embeddings_and_output_weights: bool,
+    #[arg(long, default_value_t = 0.02)]
+    pub init_method_std: f32,
+    #[arg(long, default_value_t = 0.1)]
+    pub hidden_dropout: f32,
+    #[arg(long, default_value_t = 0.1)]
+    pub attention_dropout: f32,
+
+    // ---- optimizer (SPEC §11.2) ---------------------------------------------------------
+    #[arg(long, default_value = "adam")]
+    pub optimizer: String,
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    #[arg(long)]
+    pub start_weight_decay: Option<f64>,
+    #[arg(long)]
+    pub end_weight_decay: Option<f64>,
+    #[arg(long, default_value = "constant")]
+    pub weight_decay_incr_style: String,
+    #[arg(long, default_value_t = 1.0)]
+    pub clip_grad: f64,
+    #[arg(long, default_value_t = 0.9)]
+    pub adam_beta1: f64,
+    #[arg(long, default_value_t = 0.999)]
+    pub adam_beta2: f64,
+    #[arg(long, default_value_t = 1e-8)]
+    pub adam_eps: f64,
+    #[arg(long, default_value_t = 0.9)]
+    pub sgd_momentum: f64,
+
+    // ---- training (SPEC §11.3) ----------------------------------------------------------
+    #[arg(long)]
+    pub micro_batch_size: usize,
+    #[arg(long)]
+    pub global_batch_size: Option<usize>,
+    #[arg(long)]
+    pub train_iters: u64,
+    #[arg(long, default_value_t = 100)]
+    pub log_interval: u64,
+    #[arg(long)]
+    pub exit_interval: Option<u64>,
+    #[arg(long)]
+    pub exit_duration_in_mins: Option<f64>,
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+
+    // ---- learning rate (SPEC §11.4) -----------------------------------------------------
+    #[arg(long)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_lr: f64,
+    #[arg(long, default_value = "linear")]
+    pub lr_decay_style: String,
+    #[arg(long)]
+    pub lr_decay_iters: Option<u64>,
+    #[arg(long)]
+    pub lr_warmup_fraction: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub lr_warmup_iters: u64,
+    #[arg(long, default_value_t = 0.0)]
+    pub lr_warmup_init: f64,
+    #[arg(long, default_value = "exponential")]
+    pub lr_wsd_decay_style: String,
+    #[arg(long)]
+    pub lr_wsd_decay_iters: Option<u64>,
+    #[arg(long = "override-opt_param-scheduler", alias = "override-opt-param-scheduler")]
+    pub override_opt_param_scheduler: bool,
+    #[arg(long = "use-checkpoint-opt_param-scheduler", alias = "use-checkpoint-opt-param-scheduler")]
+    pub use_checkpoint_opt_param_scheduler: bool,
+
+    // ---- checkpointing (SPEC §11.5) -----------------------------------------------------
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    #[arg(long)]
+    pub load: Option<PathBuf>,
+    #[arg(long, alias = "persistent-save-interval")]
+    pub save_interval: Option<u64>,
+    #[arg(long)]
+    pub no_save_optim: bool,
+    #[arg(long)]
+    pub no_save_rng: bool,
+    #[arg(long)]
+    pub no_load_optim: bool,
+    #[arg(long)]
+    pub no_load_rng: bool,
+    #[arg(long)]
+    pub finetune: bool,
+    #[arg(long)]
+    pub exit_on_missing_checkpoint: bool,
+
+    // ---- parallelism (SPEC §11.7) -------------------------------------------------------
+    #[arg(long, default_value_t = 1)]
+    pub tensor_model_parallel_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub pipeline_model_parallel_size: usize,
+
+    // ---- data and tokenizer (SPEC §11.8) ------------------------------------------------
+    #[arg(long, num_args = 1..)]
+    pub data_path: Vec<String>,
+    #[arg(long)]
+    pub split: Option<String>,
+    #[arg(long)]
+    pub mock_data: bool,
+    #[arg(long)]
+    pub data_cache_path: Option<PathBuf>,
+    #[arg(long)]
+    pub tokenizer_type: Option<String>,
+    #[arg(long)]
+    pub vocab_file: Option<PathBuf>,
+    #[arg(long)]
+    pub merge_file: Option<PathBuf>,
+    /// Vocabulary size for `--mock-data` / `NullTokenizer`.
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+
+    // ---- validation and logging (SPEC §11.9) --------------------------------------------
+    #[arg(long, default_value_t = 1000)]
+    pub eval_interval: u64,
+    #[arg(long, default_value_t = 100)]
+    pub eval_iters: u64,
+    #[arg(long)]
+    pub tensorboard_dir: Option<PathBuf>,
+    /// Appends every logged scalar as one JSON line to this file (megatron-rs).
+    #[arg(long)]
+    pub metrics_jsonl: Option<PathBuf>,
+    /// Megatron prints TFLOP/s only with this flag; megatron-rs always prints it.
+    #[arg(long)]
+    pub log_throughput: bool,
+
+    // ---- megatron-rs specific -----------------------------------------------------------
+    /// Compute backend plugin (`megatron list --kind backend`).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Worker threads of the CPU backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Floating-point type of parameters and activations. Only fp32 trains today.
+    #[arg(long)]
+    pub bf16: bool,
+    #[arg(long)]
+    pub fp16: bool,
+}

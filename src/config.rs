@@ -1,0 +1,156 @@
+//! Turns `megatron pretrain` flags into one validated [`TrainConfig`] and the JSON configs of
+//! the plugins it builds. Every problem is collected and reported at once (ARCHITECTURE.md
+//! "Data flow" step 1); nothing is silently adjusted.
+
+use crate::args::PretrainArgs;
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+/// Values derived from the flags (SPEC §6.1, §3.2, §2.3).
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub args: PretrainArgs,
+    pub world_size: usize,
+    pub data_parallel_size: usize,
+    pub global_batch_size: usize,
+    pub num_microbatches: usize,
+    pub max_position_embeddings: usize,
+    pub tokenizer_type: Option<String>,
+    /// Requested samples per split: train, valid, test (SPEC §2.3).
+    pub split_samples: [u64; 3],
+}
+
+impl TrainConfig {
+    pub fn from_args(args: &PretrainArgs, world_size: usize) -> Result<TrainConfig> {
+        let a = args;
+        let mut errors: Vec<String> = Vec::new();
+        let mut need = |ok: bool, msg: String| {
+            if !ok {
+                errors.push(msg);
+            }
+        };
+        let tp = a.tensor_model_parallel_size.max(1);
+        let pp = a.pipeline_model_parallel_size.max(1);
+        need(
+            a.tensor_model_parallel_size == 1 && a.pipeline_model_parallel_size == 1,
+            "--tensor-model-parallel-size and --pipeline-model-parallel-size > 1 are not available yet \
+             (they arrive with the parallelism issue); use 1"
+                .into(),
+        );
+        need(world_size % (tp * pp) == 0, format!("world size {world_size} is not divisible by tp {tp} x pp {pp}"));
+        let dp = (world_size / (tp * pp)).max(1);
+        need(a.micro_batch_size > 0, "--micro-batch-size must be > 0".into());
+        let gbs = a.global_batch_size.unwrap_or(a.micro_batch_size * dp);
+        let per_step = a.micro_batch_size * dp;
+        need(
+            per_step > 0 && gbs % per_step == 0 && gbs > 0,
+            format!(
+                "--global-batch-size {gbs} must be a positive multiple of --micro-batch-size {} x data-parallel size {dp}",
+                a.micro_batch_size
+            ),
+        );
+        need(a.num_layers > 0, "--num-layers must be > 0".into());
+        need(a.hidden_size > 0, "--hidden-size must be > 0".into());
+        need(
+            a.num_attention_heads > 0 && a.hidden_size % a.num_attention_heads.max(1) == 0,
+            format!("--hidden-size {} must be divisible by --num-attention-heads {}", a.hidden_size, a.num_attention_heads),
+        );
+        need(a.seq_length > 0, "--seq-length must be > 0".into());
+        // Megatron requires --max-position-embeddings; we default it to --seq-length (noted in README).
+        let max_pos = a.max_position_embeddings.unwrap_or(a.seq_length);
+        need(
+            max_pos >= a.seq_length,
+            format!("--max-position-embeddings {max_pos} must be >= --seq-length {}", a.seq_length),
+        );
+        need(a.train_iters > 0, "--train-iters must be > 0".into());
+        need(a.lr >= 0.0, "--lr must be >= 0".into());
+        need(!(a.bf16 || a.fp16), "--bf16/--fp16 training is not available yet on this backend; train in fp32 (drop the flag)".into());
+        need(
+            (0.0..1.0).contains(&a.hidden_dropout) && (0.0..1.0).contains(&a.attention_dropout),
+            "--hidden-dropout and --attention-dropout must be in [0, 1)".into(),
+        );
+        need(a.log_interval > 0, "--log-interval must be > 0".into());
+        need(a.eval_interval > 0, "--eval-interval must be > 0".into());
+        if a.save.is_some() {
+            need(
+                a.save_interval.is_some_and(|s| s > 0),
+                "--save needs --save-interval N (N > 0), as in Megatron-LM".into(),
+            );
+        }
+        let sources = usize::from(a.mock_data) + usize::from(!a.data_path.is_empty());
+        need(sources == 1, "give exactly one data source: --data-path PREFIX or --mock-data".into());
+        let tokenizer_type = match (&a.tokenizer_type, a.mock_data) {
+            (Some(t), _) => Some(t.clone()),
+            (None, true) => None,
+            // pretrain_gpt.py's default (SPEC §3.1).
+            (None, false) => Some("GPT2BPETokenizer".to_string()),
+        };
+        if tokenizer_type.is_none() {
+            need(a.vocab_size.is_some(), "--mock-data without --tokenizer-type needs --vocab-size V".into());
+        }
+        if tokenizer_type.as_deref() == Some("GPT2BPETokenizer") {
+            need(
+                a.vocab_file.is_some() && a.merge_file.is_some(),
+                "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
+            );
+        }
+        if !errors.is_empty() {
+            bail!("invalid arguments:\n  - {}", errors.join("\n  - "));
+        }
+        let gbs64 = gbs as u64;
+        let split_samples = [
+            a.train_iters * gbs64,
+            (a.train_iters / a.eval_interval + 1) * a.eval_iters * gbs64,
+            a.eval_iters * gbs64,
+        ];
+        Ok(TrainConfig {
+            args: a.clone(),
+            world_size,
+            data_parallel_size: dp,
+            global_batch_size: gbs,
+            num_microbatches: gbs / per_step,
+            max_position_embeddings: max_pos,
+            tokenizer_type,
+            split_samples,
+        })
+    }
+
+    /// Config of the tokenizer plugin.
+    pub fn tokenizer_config(&self) -> Value {
+        let a = &self.args;
+        match self.tokenizer_type.as_deref() {
+            Some("NullTokenizer") => json!({ "vocab_size": a.vocab_size }),
+            _ => json!({ "vocab_file": a.vocab_file, "merge_file": a.merge_file }),
+        }
+    }
+
+    /// Config of the model plugin (the GPT model's `GptConfig`).
+    pub fn model_config(&self, vocab_size: usize) -> Value {
+        let a = &self.args;
+        json!({
+            "num_layers": a.num_layers,
+            "hidden_size": a.hidden_size,
+            "num_attention_heads": a.num_attention_heads,
+            "ffn_hidden_size": a.ffn_hidden_size,
+            "seq_length": a.seq_length,
+            "max_position_embeddings": self.max_position_embeddings,
+            "vocab_size": vocab_size,
+            "make_vocab_size_divisible_by": a.make_vocab_size_divisible_by,
+            "init_method_std": a.init_method_std,
+            "hidden_dropout": a.hidden_dropout,
+            "attention_dropout": a.attention_dropout,
+            "layernorm_epsilon": a.norm_epsilon,
+            "seed": a.seed,
+            "normalization": a.normalization,
+            "swiglu": a.swiglu,
+            "position_embedding_type": a.position_embedding_type,
+            "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
+        })
+    }
+
+    /// Padded vocabulary (SPEC §3.2).
+    pub fn padded_vocab(&self, vocab_size: usize) -> usize {
+        let m = self.args.make_vocab_size_divisible_by * self.args.tensor_model_parallel_size;
+        vocab_size.div_ceil(m) * m
+    }
+}

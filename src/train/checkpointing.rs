@@ -1,0 +1,127 @@
+//! Glue between the trainer and the checkpoint plugin: what a checkpoint stores (weights,
+//! optimizer moments, LR-schedule state, counters, args, RNG seed) and Megatron's loading
+//! semantics (SPEC §7.3): `--finetune` loads weights only and restarts at iteration 0,
+//! `--no-load-optim` / `--no-load-rng` skip those parts, model-shape args must match.
+
+use super::Trainer;
+use crate::config::TrainConfig;
+use anyhow::{bail, Context, Result};
+use megatron_optim::LrFlags;
+use serde_json::{json, Value};
+
+/// The LR flags of `cfg` in the optimizer crate's terms.
+pub fn lr_flags(cfg: &TrainConfig) -> LrFlags {
+    let a = &cfg.args;
+    LrFlags {
+        lr: Some(a.lr),
+        min_lr: a.min_lr,
+        lr_warmup_init: a.lr_warmup_init,
+        lr_decay_style: a.lr_decay_style.clone(),
+        lr_wsd_decay_style: a.lr_wsd_decay_style.clone(),
+        global_batch_size: cfg.global_batch_size as u64,
+        train_iters: Some(a.train_iters),
+        train_samples: None,
+        lr_decay_iters: a.lr_decay_iters,
+        lr_decay_samples: None,
+        lr_warmup_fraction: a.lr_warmup_fraction,
+        lr_warmup_iters: a.lr_warmup_iters,
+        lr_warmup_samples: 0,
+        lr_wsd_decay_iters: a.lr_wsd_decay_iters,
+        lr_wsd_decay_samples: None,
+        weight_decay: a.weight_decay,
+        start_weight_decay: a.start_weight_decay,
+        end_weight_decay: a.end_weight_decay,
+        weight_decay_incr_style: a.weight_decay_incr_style.clone(),
+        use_checkpoint_opt_param_scheduler: a.use_checkpoint_opt_param_scheduler,
+    }
+}
+
+/// Model-shape args that must match between a checkpoint and the run loading it (SPEC §7.3).
+const SHAPE_ARGS: [&str; 7] = [
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "ffn_hidden_size",
+    "max_position_embeddings",
+    "make_vocab_size_divisible_by",
+    "swiglu",
+];
+
+impl Trainer {
+    /// Saves a checkpoint of the current state under `--save`.
+    pub fn save(&mut self) -> Result<()> {
+        let Some(dir) = self.cfg.args.save.clone() else { return Ok(()) };
+        let a = &self.cfg.args;
+        let optimizer = if a.no_save_optim { None } else { Some(self.optimizer.state(self.backend.as_ref())?) };
+        let meta = megatron_checkpoint::CheckpointMeta {
+            consumed_train_samples: self.state.consumed_train_samples,
+            consumed_valid_samples: self.state.consumed_valid_samples,
+            args: serde_json::to_value(a)?,
+            lr_scheduler: self.lr_schedule.state_dict(),
+            rng: if a.no_save_rng { Value::Null } else { json!({ "seed": a.seed }) },
+            tokenizer_fingerprint: Some(self.tokenizer_fingerprint.clone()),
+            num_floating_point_operations_so_far: self.state.num_floating_point_operations_so_far,
+            ..Default::default()
+        };
+        let params = self.model.params();
+        let t = std::time::Instant::now();
+        let path = megatron_checkpoint::save(&dir, self.state.iteration, &params, optimizer, meta, self.backend.as_ref(), &self.ctx)
+            .with_context(|| format!("saving checkpoint at iteration {} to {}", self.state.iteration, dir.display()))?;
+        println!("  successfully saved checkpoint at iteration {:7} to {} [ t {:.2}s ]", self.state.iteration, path.display(), t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Loads `--load` if it holds a checkpoint (SPEC §7.3).
+    pub fn maybe_load(&mut self) -> Result<()> {
+        let Some(dir) = self.cfg.args.load.clone() else { return Ok(()) };
+        let a = self.cfg.args.clone();
+        let Some(iteration) = megatron_checkpoint::read_tracker(&dir)? else {
+            if a.exit_on_missing_checkpoint {
+                bail!("--load {}: no latest_checkpointed_iteration.txt and --exit-on-missing-checkpoint is set", dir.display());
+            }
+            println!("WARNING: could not find a checkpoint in {}; training from scratch", dir.display());
+            return Ok(());
+        };
+        let ckpt = megatron_checkpoint::load(&dir, Some(iteration))?;
+        let meta = ckpt.metadata.meta.clone();
+        if !a.finetune {
+            for key in SHAPE_ARGS {
+                let (stored, ours) = (&meta.args[key], serde_json::to_value(&a)?[key].clone());
+                if !stored.is_null() && *stored != ours {
+                    bail!(
+                        "checkpoint {} was saved with --{} {stored}, this run has {ours}; use the same model shape \
+                         (or --finetune to load weights into a compatible model)",
+                        dir.display(),
+                        key.replace('_', "-")
+                    );
+                }
+            }
+        }
+        {
+            let mut params = self.model.params_mut();
+            ckpt.load_params(&mut params, self.backend.as_ref()).with_context(|| format!("loading weights from {}", dir.display()))?;
+        }
+        if a.finetune {
+            println!(" loaded weights of iteration {iteration} from {} for finetuning (iteration reset to 0)", dir.display());
+            return Ok(());
+        }
+        self.state.iteration = ckpt.iteration();
+        self.state.consumed_train_samples = meta.consumed_train_samples;
+        self.state.consumed_valid_samples = meta.consumed_valid_samples;
+        self.state.num_floating_point_operations_so_far = meta.num_floating_point_operations_so_far;
+        if !a.no_load_optim {
+            let params = self.model.params();
+            let state = ckpt.optimizer_state(&params, self.backend.as_ref())?;
+            self.optimizer.load_state(state, &params, self.backend.as_ref())?;
+            self.lr_schedule.load_state_dict(&meta.lr_scheduler, a.override_opt_param_scheduler)?;
+        } else {
+            // As Megatron: --no-load-optim skips the optimizer *and* the LR scheduler state.
+            println!(" --no-load-optim: optimizer and LR-scheduler state not loaded (fresh schedule)");
+        }
+        if !a.no_load_rng && meta.rng["seed"].as_u64().is_some_and(|s| s != a.seed) {
+            println!("WARNING: checkpoint was trained with --seed {}, this run uses --seed {}", meta.rng["seed"], a.seed);
+        }
+        println!(" successfully loaded checkpoint from {} at iteration {}", dir.display(), ckpt.iteration());
+        Ok(())
+    }
+}

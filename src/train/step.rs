@@ -1,0 +1,88 @@
+//! One training iteration (SPEC §6.2, §6.6, §6.8) and one evaluation pass (SPEC §6.11).
+
+use super::data::{microbatch_seed, DataCursor};
+use super::Trainer;
+use anyhow::Result;
+use megatron_core::{LossReport, ReduceOp};
+
+/// The outcome of one iteration.
+pub struct StepResult {
+    /// Per-token mean loss over the global batch (SPEC §6.8).
+    pub loss: f64,
+    pub grad_norm: f64,
+    /// The update was skipped because the loss or a gradient was inf/NaN.
+    pub skipped: bool,
+    /// LR used by this update.
+    pub lr: f64,
+}
+
+/// `Σ loss_sum / Σ num_tokens`, reduced over data-parallel ranks.
+pub fn global_mean(reports: &[LossReport], trainer: &Trainer) -> Result<f64> {
+    let mut sums = [0.0f64; 2];
+    for r in reports {
+        sums[0] += r.loss_sum;
+        sums[1] += r.num_tokens;
+    }
+    let ctx = &trainer.ctx;
+    ctx.comm.all_reduce_f64(&ctx.dp_group, &mut sums, ReduceOp::Sum)?;
+    Ok(sums[0] / sums[1].max(1.0))
+}
+
+impl Trainer {
+    /// Forward/backward over all microbatches, DP reduction, clipping and the update.
+    pub fn train_step(&mut self) -> Result<StepResult> {
+        let consumed = self.state.consumed_train_samples;
+        let iteration = self.state.iteration;
+        let seed = self.cfg.args.seed;
+        let m = self.cfg.num_microbatches;
+        self.model.zero_grad()?;
+        let cursor = self.train.as_ref().ok_or_else(|| anyhow::anyhow!("no training split"))?;
+        let mut next = 0usize;
+        let mut next_batch = || {
+            let b = cursor.microbatch(consumed, next, microbatch_seed(seed, iteration, next));
+            next += 1;
+            b
+        };
+        let reports = self.schedule.run(self.model.as_mut(), &mut next_batch, m, false, &self.ctx)?;
+        let loss = global_mean(&reports, self)?;
+        {
+            let mut params = self.model.params_mut();
+            self.strategy.reduce_gradients(&mut params, &self.ctx)?;
+        }
+        let grad_norm = {
+            let mut params = self.model.params_mut();
+            megatron_optim::clip_grad_norm(&mut params, self.cfg.args.clip_grad, self.backend.as_ref(), &self.ctx)?
+        };
+        let lr = self.lr_schedule.lr();
+        if !loss.is_finite() || !grad_norm.is_finite() {
+            // Megatron skips the update on inf/NaN (SPEC §6.7): the LR schedule does not step.
+            return Ok(StepResult { loss, grad_norm, skipped: true, lr });
+        }
+        let wd = self.lr_schedule.weight_decay();
+        {
+            let mut params = self.model.params_mut();
+            self.optimizer.step(&mut params, lr, wd, self.backend.as_ref())?;
+        }
+        self.lr_schedule.step(self.cfg.global_batch_size as u64);
+        Ok(StepResult { loss, grad_norm, skipped: false, lr })
+    }
+
+    /// `eval_iters` forward-only global batches of `cursor` from `consumed` on; returns the
+    /// per-token mean loss and the samples used.
+    pub fn evaluate(&mut self, cursor: &DataCursor, consumed: u64, eval_iters: u64) -> Result<(f64, u64)> {
+        let m = self.cfg.num_microbatches;
+        let gbs = self.cfg.global_batch_size as u64;
+        let mut all = Vec::new();
+        for it in 0..eval_iters {
+            let start = consumed + it * gbs;
+            let mut next = 0usize;
+            let mut next_batch = || {
+                let b = cursor.microbatch(start, next, 0);
+                next += 1;
+                b
+            };
+            all.extend(self.schedule.run(self.model.as_mut(), &mut next_batch, m, true, &self.ctx)?);
+        }
+        Ok((global_mean(&all, self)?, eval_iters * gbs))
+    }
+}

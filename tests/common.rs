@@ -1,0 +1,46 @@
+//! Helpers shared by the end-to-end tests.
+#![allow(dead_code)]
+
+use clap::Parser;
+use megatron::cli::{Cli, Command};
+use megatron::train::TrainSummary;
+use megatron_core::Registry;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// Flags of a tiny GPT on mock data (fast enough for debug-profile tests).
+pub fn tiny_mock_flags() -> Vec<String> {
+    "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
+     --micro-batch-size 2 --global-batch-size 4 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine \
+     --lr-warmup-iters 3 --mock-data --vocab-size 100 --seed 7 --log-interval 5 --eval-interval 10 --eval-iters 2 \
+     --hidden-dropout 0.1 --attention-dropout 0.1 --weight-decay 0.1 --adam-beta2 0.95"
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// Runs `megatron pretrain <flags>` in this process.
+pub fn pretrain(flags: &[String]) -> anyhow::Result<TrainSummary> {
+    let mut argv = vec!["megatron".to_string(), "pretrain".to_string()];
+    argv.extend(flags.iter().cloned());
+    let cli = Cli::try_parse_from(argv)?;
+    let Command::Pretrain(args) = cli.command else { unreachable!("parsed a pretrain command") };
+    let registry = Registry::builtin()?;
+    megatron::cli::pretrain(&args, &registry, Arc::new(AtomicBool::new(false)))
+}
+
+pub fn flags(extra: &str) -> Vec<String> {
+    extra.split_whitespace().map(String::from).collect()
+}
+
+/// `../shared/data` beside the repository, if present.
+pub fn shared_data() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data");
+    if p.is_dir() {
+        Some(p)
+    } else {
+        eprintln!("SKIP: ../shared/data is absent (reference data lives beside the repository)");
+        None
+    }
+}
