@@ -1,7 +1,7 @@
 //! Parallel state: the rank grid (SPEC §5.1), the [`ParallelContext`] passed to everything
 //! that communicates, and the [`ParallelStrategy`] trait.
 
-use crate::{Communicator, Group, Param, Result, SingleRankCommunicator};
+use crate::{Backend, Communicator, Group, Param, Result, SingleRankCommunicator};
 use anyhow::bail;
 use std::sync::Arc;
 
@@ -169,7 +169,7 @@ pub trait ParallelStrategy: Send + Sync {
     /// The context of `rank` in a world of `comm.world_size()` ranks.
     fn build_context(&self, comm: Arc<dyn Communicator>) -> Result<ParallelContext>;
     /// Reduces (averages per SPEC §5.6) parameter gradients over the data-parallel group.
-    fn reduce_gradients(&self, params: &mut [&mut Param], ctx: &ParallelContext) -> Result<()>;
+    fn reduce_gradients(&self, params: &mut [&mut Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<()>;
 }
 
 #[cfg(test)]

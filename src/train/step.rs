@@ -47,7 +47,7 @@ impl Trainer {
         let loss = global_mean(&reports, self)?;
         {
             let mut params = self.model.params_mut();
-            self.strategy.reduce_gradients(&mut params, &self.ctx)?;
+            self.strategy.reduce_gradients(&mut params, self.backend.as_ref(), &self.ctx)?;
         }
         let grad_norm = {
             let mut params = self.model.params_mut();

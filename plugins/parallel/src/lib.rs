@@ -2,7 +2,6 @@
 //! data-parallel gradient averaging, §5.6), the `single` communicator of a one-rank world and
 //! the `no-pipelining` schedule (gradient accumulation over microbatches, §5.5, §6.8).
 
-mod grad_scaling;
 mod no_pipelining;
 mod single_comm;
 mod strategy;

@@ -2,9 +2,8 @@
 //! and averages gradients over data parallelism as Megatron's DDP does by default (§5.6):
 //! pre-scale by `1/(dp*cp)`, then SUM all-reduce over the DP×CP group.
 
-use crate::grad_scaling::scale_host_tensor;
-use anyhow::{bail, Result};
-use megatron_core::{Communicator, Group, ParallelContext, ParallelStrategy, Param, RankGrid, ReduceOp};
+use anyhow::{bail, Context, Result};
+use megatron_core::{Backend, Communicator, Group, ParallelContext, ParallelStrategy, Param, RankGrid, ReduceOp};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -94,7 +93,7 @@ impl ParallelStrategy for MegatronStrategy {
         Ok(grid.context(rank, comm))
     }
 
-    fn reduce_gradients(&self, params: &mut [&mut Param], ctx: &ParallelContext) -> Result<()> {
+    fn reduce_gradients(&self, params: &mut [&mut Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<()> {
         let group = dp_cp_group(ctx);
         if group.size() == 1 {
             return Ok(());
@@ -103,7 +102,7 @@ impl ParallelStrategy for MegatronStrategy {
         // partial sums in range for low-precision gradient buffers.
         let scale = 1.0 / group.size() as f32;
         for p in params.iter_mut() {
-            scale_host_tensor(&mut p.grad, scale, &p.name)?;
+            backend.scale(&mut p.grad, scale).with_context(|| format!("pre-scaling the gradient of {}", p.name))?;
             ctx.comm.all_reduce(&group, &mut p.grad, ReduceOp::Sum)?;
         }
         Ok(())

@@ -33,7 +33,7 @@ fn replicas_with_equal_grads_keep_them_after_averaging() {
     let ctx = s.build_context(comm.clone()).unwrap();
     let mut a = param("a", &[1.0, -2.0, 0.5]);
     let mut b = param("b", &[3.0]);
-    s.reduce_gradients(&mut [&mut a, &mut b], &ctx).unwrap();
+    s.reduce_gradients(&mut [&mut a, &mut b], &megatron_cpu::CpuBackend::new(), &ctx).unwrap();
     assert_eq!(a.grad.host_f32().unwrap(), [1.0, -2.0, 0.5]);
     assert_eq!(b.grad.host_f32().unwrap(), [3.0]);
     let calls = comm.calls.lock().unwrap();
@@ -49,7 +49,7 @@ fn grads_are_pre_scaled_by_one_over_dp_times_cp() {
     let s = strategy(2, 2);
     let ctx = s.build_context(comm.clone()).unwrap();
     let mut a = param("a", &[8.0, 4.0]);
-    s.reduce_gradients(&mut [&mut a], &ctx).unwrap();
+    s.reduce_gradients(&mut [&mut a], &megatron_cpu::CpuBackend::new(), &ctx).unwrap();
     assert_eq!(a.grad.host_f32().unwrap(), [2.0, 1.0]);
     let calls = comm.calls.lock().unwrap();
     assert_eq!(calls.len(), 1);
@@ -62,7 +62,7 @@ fn one_replica_is_a_no_op() {
     let s = strategy(2, 1);
     let ctx = s.build_context(comm.clone()).unwrap();
     let mut a = param("a", &[1.5]);
-    s.reduce_gradients(&mut [&mut a], &ctx).unwrap();
+    s.reduce_gradients(&mut [&mut a], &megatron_cpu::CpuBackend::new(), &ctx).unwrap();
     assert_eq!(a.grad.host_f32().unwrap(), [1.5]);
     assert!(comm.calls.lock().unwrap().is_empty());
 }
