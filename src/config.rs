@@ -37,13 +37,16 @@ impl TrainConfig {
              (they arrive with the parallelism issue); use 1"
                 .into(),
         );
-        need(world_size % (tp * pp) == 0, format!("world size {world_size} is not divisible by tp {tp} x pp {pp}"));
+        need(
+            world_size.is_multiple_of(tp * pp),
+            format!("world size {world_size} is not divisible by tp {tp} x pp {pp}"),
+        );
         let dp = (world_size / (tp * pp)).max(1);
         need(a.micro_batch_size > 0, "--micro-batch-size must be > 0".into());
         let gbs = a.global_batch_size.unwrap_or(a.micro_batch_size * dp);
         let per_step = a.micro_batch_size * dp;
         need(
-            per_step > 0 && gbs % per_step == 0 && gbs > 0,
+            per_step > 0 && gbs.is_multiple_of(per_step) && gbs > 0,
             format!(
                 "--global-batch-size {gbs} must be a positive multiple of --micro-batch-size {} x data-parallel size {dp}",
                 a.micro_batch_size
@@ -52,8 +55,11 @@ impl TrainConfig {
         need(a.num_layers > 0, "--num-layers must be > 0".into());
         need(a.hidden_size > 0, "--hidden-size must be > 0".into());
         need(
-            a.num_attention_heads > 0 && a.hidden_size % a.num_attention_heads.max(1) == 0,
-            format!("--hidden-size {} must be divisible by --num-attention-heads {}", a.hidden_size, a.num_attention_heads),
+            a.num_attention_heads > 0 && a.hidden_size.is_multiple_of(a.num_attention_heads.max(1)),
+            format!(
+                "--hidden-size {} must be divisible by --num-attention-heads {}",
+                a.hidden_size, a.num_attention_heads
+            ),
         );
         need(a.seq_length > 0, "--seq-length must be > 0".into());
         // Megatron requires --max-position-embeddings; we default it to --seq-length (noted in README).
@@ -64,7 +70,10 @@ impl TrainConfig {
         );
         need(a.train_iters > 0, "--train-iters must be > 0".into());
         need(a.lr >= 0.0, "--lr must be >= 0".into());
-        need(!(a.bf16 || a.fp16), "--bf16/--fp16 training is not available yet on this backend; train in fp32 (drop the flag)".into());
+        need(
+            !(a.bf16 || a.fp16),
+            "--bf16/--fp16 training is not available yet on this backend; train in fp32 (drop the flag)".into(),
+        );
         need(
             (0.0..1.0).contains(&a.hidden_dropout) && (0.0..1.0).contains(&a.attention_dropout),
             "--hidden-dropout and --attention-dropout must be in [0, 1)".into(),
@@ -98,11 +107,8 @@ impl TrainConfig {
             bail!("invalid arguments:\n  - {}", errors.join("\n  - "));
         }
         let gbs64 = gbs as u64;
-        let split_samples = [
-            a.train_iters * gbs64,
-            (a.train_iters / a.eval_interval + 1) * a.eval_iters * gbs64,
-            a.eval_iters * gbs64,
-        ];
+        let split_samples =
+            [a.train_iters * gbs64, (a.train_iters / a.eval_interval + 1) * a.eval_iters * gbs64, a.eval_iters * gbs64];
         Ok(TrainConfig {
             args: a.clone(),
             world_size,

@@ -34,6 +34,28 @@ pub fn flags(extra: &str) -> Vec<String> {
     extra.split_whitespace().map(String::from).collect()
 }
 
+/// The tiny mock flags with `extra` applied: a flag already present gets the new value,
+/// others are appended (clap rejects a flag given twice).
+pub fn tiny_with(extra: &str) -> Vec<String> {
+    let mut out = tiny_mock_flags();
+    let extra = flags(extra);
+    let mut i = 0;
+    while i < extra.len() {
+        let flag = &extra[i];
+        let value = extra.get(i + 1).filter(|v| !v.starts_with("--")).cloned();
+        match (out.iter().position(|f| f == flag), &value) {
+            (Some(j), Some(v)) => out[j + 1] = v.clone(),
+            (Some(_), None) => {}
+            (None, _) => {
+                out.push(flag.clone());
+                out.extend(value.clone());
+            }
+        }
+        i += if value.is_some() { 2 } else { 1 };
+    }
+    out
+}
+
 /// `../shared/data` beside the repository, if present.
 pub fn shared_data() -> Option<PathBuf> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data");

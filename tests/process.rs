@@ -14,8 +14,7 @@ fn megatron() -> Command {
 
 fn base(extra: &str) -> Vec<String> {
     let mut v = vec!["pretrain".to_string()];
-    v.extend(common::tiny_mock_flags());
-    v.extend(common::flags(extra));
+    v.extend(common::tiny_with(extra));
     v
 }
 
@@ -27,7 +26,8 @@ fn tracker(dir: &Path) -> Option<u64> {
 fn sigterm_saves_a_checkpoint_and_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().join("ckpt");
-    let args = base(&format!("--train-iters 1000000 --log-interval 1 --save {} --save-interval 1000000", save.display()));
+    let args =
+        base(&format!("--train-iters 1000000 --log-interval 1 --save {} --save-interval 1000000", save.display()));
     let mut child = megatron().args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
@@ -46,7 +46,11 @@ fn sigterm_saves_a_checkpoint_and_exits_cleanly() {
     assert!(status.success());
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let status = child.wait().unwrap();
-    assert!(status.success(), "exit status {status:?}; output tail: {:?}", rest.iter().rev().take(5).collect::<Vec<_>>());
+    assert!(
+        status.success(),
+        "exit status {status:?}; output tail: {:?}",
+        rest.iter().rev().take(5).collect::<Vec<_>>()
+    );
     assert!(rest.iter().any(|l| l.contains("because of a signal")), "no exit message in {rest:?}");
     let it = tracker(&save).expect("a checkpoint was saved on SIGTERM");
     assert!(it >= 3);
@@ -61,7 +65,8 @@ fn kill_9_during_a_save_leaves_the_previous_checkpoint_loadable() {
     let model = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 \
                  --global-batch-size 2 --lr 1e-3 --mock-data --vocab-size 60000 --log-interval 1 --eval-iters 0";
     let args = format!("pretrain {model} --train-iters 1000000 --save {} --save-interval 1", save.display());
-    let mut child = megatron().args(args.split_whitespace()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child =
+        megatron().args(args.split_whitespace()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut killed_mid_save = false;
     while Instant::now() < deadline {
@@ -81,7 +86,14 @@ fn kill_9_during_a_save_leaves_the_previous_checkpoint_loadable() {
     let it = tracker(&save).expect("tracker survives");
     // The tracker names a complete checkpoint: resuming from it trains one more iteration.
     let out = megatron()
-        .args(format!("pretrain {model} --train-iters {} --load {} --exit-interval {}", it + 1, save.display(), it + 1).split_whitespace())
+        .args(
+            format!(
+                "pretrain {model} --train-iters {} --load {} --override-opt_param-scheduler",
+                it + 1,
+                save.display()
+            )
+            .split_whitespace(),
+        )
         .output()
         .unwrap();
     assert!(out.status.success(), "resume after kill -9 failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -96,7 +108,17 @@ fn bad_flags_name_the_problem() {
     assert!(err.contains("--global-batch-size 3"), "{err}");
 
     let out = megatron()
-        .args(["pretrain", "--num-layers", "2", "--hidden-size", "30", "--num-attention-heads", "4", "--seq-length", "8"])
+        .args([
+            "pretrain",
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "30",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "8",
+        ])
         .args(["--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data"])
         .output()
         .unwrap();
@@ -122,7 +144,21 @@ fn list_prints_the_registered_plugins() {
     let out = megatron().arg("list").output().unwrap();
     assert!(out.status.success());
     let s = String::from_utf8_lossy(&out.stdout);
-    for needle in ["backend", "cpu", "model", "gpt", "optimizer", "adam", "lr-schedule", "dataset", "mock", "tokenizer", "GPT2BPETokenizer", "metrics", "tensorboard"] {
+    for needle in [
+        "backend",
+        "cpu",
+        "model",
+        "gpt",
+        "optimizer",
+        "adam",
+        "lr-schedule",
+        "dataset",
+        "mock",
+        "tokenizer",
+        "GPT2BPETokenizer",
+        "metrics",
+        "tensorboard",
+    ] {
         assert!(s.contains(needle), "`megatron list` lacks {needle}:\n{s}");
     }
 }

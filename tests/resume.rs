@@ -8,14 +8,16 @@ use common::*;
 fn resume_is_bit_identical_to_a_straight_run() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let straight = pretrain(&[tiny_mock_flags(), flags("--train-iters 20")].concat()).unwrap();
+    let straight = pretrain(&tiny_with("--train-iters 20")).unwrap();
     assert_eq!(straight.losses.len(), 20);
 
     let save = ckpt.to_str().unwrap();
-    let first = pretrain(&[tiny_mock_flags(), flags(&format!("--train-iters 20 --exit-interval 10 --save {save} --save-interval 10"))].concat()).unwrap();
+    let first =
+        pretrain(&tiny_with(&format!("--train-iters 20 --exit-interval 10 --save {save} --save-interval 10"))).unwrap();
     assert_eq!(first.final_iteration, 10);
     assert_eq!(std::fs::read_to_string(ckpt.join("latest_checkpointed_iteration.txt")).unwrap().trim(), "10");
-    let second = pretrain(&[tiny_mock_flags(), flags(&format!("--train-iters 20 --load {save} --save {save} --save-interval 10"))].concat()).unwrap();
+    let second =
+        pretrain(&tiny_with(&format!("--train-iters 20 --load {save} --save {save} --save-interval 10"))).unwrap();
     assert_eq!(second.losses.first().map(|l| l.0), Some(11), "resume must start at iteration 11");
 
     let resumed: Vec<(u64, f64)> = first.losses.iter().chain(second.losses.iter()).cloned().collect();
@@ -33,10 +35,10 @@ fn finetune_resets_iteration_and_optimizer() {
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().join("ckpt");
     let save = save.to_str().unwrap();
-    pretrain(&[tiny_mock_flags(), flags(&format!("--train-iters 6 --save {save} --save-interval 6"))].concat()).unwrap();
-    let ft = pretrain(&[tiny_mock_flags(), flags(&format!("--train-iters 3 --load {save} --finetune"))].concat()).unwrap();
+    pretrain(&tiny_with(&format!("--train-iters 6 --save {save} --save-interval 6"))).unwrap();
+    let ft = pretrain(&tiny_with(&format!("--train-iters 5 --load {save} --finetune"))).unwrap();
     assert_eq!(ft.losses.first().map(|l| l.0), Some(1), "finetune restarts at iteration 1");
-    let scratch = pretrain(&[tiny_mock_flags(), flags("--train-iters 3")].concat()).unwrap();
+    let scratch = pretrain(&tiny_with("--train-iters 5")).unwrap();
     // Loaded weights are trained ones: the first loss differs from a fresh model's.
     assert_ne!(ft.losses[0].1, scratch.losses[0].1);
 }
@@ -46,11 +48,8 @@ fn load_with_other_model_shape_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let save = dir.path().join("ckpt");
     let save = save.to_str().unwrap();
-    pretrain(&[tiny_mock_flags(), flags(&format!("--train-iters 2 --save {save} --save-interval 2"))].concat()).unwrap();
-    let mut f = tiny_mock_flags();
-    let i = f.iter().position(|x| x == "--hidden-size").unwrap();
-    f[i + 1] = "64".into();
-    let err = pretrain(&[f, flags(&format!("--train-iters 4 --load {save}"))].concat()).unwrap_err();
+    pretrain(&tiny_with(&format!("--train-iters 4 --save {save} --save-interval 4"))).unwrap();
+    let err = pretrain(&tiny_with(&format!("--hidden-size 64 --train-iters 4 --load {save}"))).unwrap_err();
     let msg = format!("{err:#}");
     assert!(msg.contains("hidden"), "error should name the mismatched setting: {msg}");
 }

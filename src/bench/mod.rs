@@ -93,7 +93,8 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
     let n_tokens = p.mbs * p.seq;
     let tokens: Vec<i32> = (0..n_tokens).map(|i| ((i * 7919) % p.vocab) as i32).collect();
     let labels: Vec<i32> = (0..n_tokens).map(|i| ((i * 104_729 + 1) % p.vocab) as i32).collect();
-    let batch = Batch { micro_batch_size: p.mbs, seq_length: p.seq, tokens, labels, loss_mask: vec![1.0; n_tokens], seed: 7 };
+    let batch =
+        Batch { micro_batch_size: p.mbs, seq_length: p.seq, tokens, labels, loss_mask: vec![1.0; n_tokens], seed: 7 };
 
     let (l, h, t) = (p.layers as f64, p.hidden as f64, p.seq as f64);
     let n_matmul = l * 12.0 * h * h + padded as f64 * h;
@@ -139,7 +140,11 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
     println!("  fp32 GEMM GFLOP/s    {gemm:.1}  (backend gemm {bt}x{}x{}, same run)", 4 * p.hidden, p.hidden);
     println!("  ratio to GEMM        {:.3}", model_gflops / gemm);
     let params: usize = model.params().iter().map(|p| p.value.numel()).sum();
-    println!("  parameters           {params} ({:.1} MiB fp32; params+grads+Adam m,v = {:.1} MiB)", mib(params * 4), mib(params * 16));
+    println!(
+        "  parameters           {params} ({:.1} MiB fp32; params+grads+Adam m,v = {:.1} MiB)",
+        mib(params * 4),
+        mib(params * 16)
+    );
     if let Some(rss) = peak_rss_mib() {
         println!("  peak RSS             {rss:.1} MiB");
     }

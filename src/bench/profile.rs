@@ -92,10 +92,29 @@ impl Backend for ProfilingBackend {
     fn gemm(&self, a: &T, x: &T, c: &mut T, spec: GemmSpec, bias: Option<&T>) -> Result<()> {
         self.timed("gemm", |b| b.gemm(a, x, c, spec, bias))
     }
-    fn layernorm_forward(&self, x: &T, w: &T, bias: Option<&T>, eps: f32, out: &mut T, mean: &mut T, rstd: &mut T) -> Result<()> {
+    fn layernorm_forward(
+        &self,
+        x: &T,
+        w: &T,
+        bias: Option<&T>,
+        eps: f32,
+        out: &mut T,
+        mean: &mut T,
+        rstd: &mut T,
+    ) -> Result<()> {
         self.timed("layernorm_forward", |b| b.layernorm_forward(x, w, bias, eps, out, mean, rstd))
     }
-    fn layernorm_backward(&self, d_out: &T, x: &T, w: &T, mean: &T, rstd: &T, d_x: &mut T, d_w: &mut T, d_b: Option<&mut T>) -> Result<()> {
+    fn layernorm_backward(
+        &self,
+        d_out: &T,
+        x: &T,
+        w: &T,
+        mean: &T,
+        rstd: &T,
+        d_x: &mut T,
+        d_w: &mut T,
+        d_b: Option<&mut T>,
+    ) -> Result<()> {
         self.timed("layernorm_backward", |b| b.layernorm_backward(d_out, x, w, mean, rstd, d_x, d_w, d_b))
     }
     fn rmsnorm_forward(&self, x: &T, w: &T, eps: f32, out: &mut T, rstd: &mut T) -> Result<()> {
@@ -128,7 +147,15 @@ impl Backend for ProfilingBackend {
     fn attention_forward(&self, qkv: &T, out: &mut T, lse: &mut T, spec: AttentionSpec) -> Result<()> {
         self.timed("attention_forward", |b| b.attention_forward(qkv, out, lse, spec))
     }
-    fn attention_backward(&self, d_out: &T, qkv: &T, out: &T, lse: &T, d_qkv: &mut T, spec: AttentionSpec) -> Result<()> {
+    fn attention_backward(
+        &self,
+        d_out: &T,
+        qkv: &T,
+        out: &T,
+        lse: &T,
+        d_qkv: &mut T,
+        spec: AttentionSpec,
+    ) -> Result<()> {
         self.timed("attention_backward", |b| b.attention_backward(d_out, qkv, out, lse, d_qkv, spec))
     }
     fn rotary(&self, qkv: &mut T, spec: RotarySpec, inverse: bool) -> Result<()> {
@@ -143,11 +170,29 @@ impl Backend for ProfilingBackend {
     fn row_max(&self, logits: &T, row_max: &mut T) -> Result<()> {
         self.timed("row_max", |b| b.row_max(logits, row_max))
     }
-    fn cross_entropy_stats(&self, logits: &T, targets: &T, vs: usize, row_max: &T, sum_exp: &mut T, tl: &mut T) -> Result<()> {
+    fn cross_entropy_stats(
+        &self,
+        logits: &T,
+        targets: &T,
+        vs: usize,
+        row_max: &T,
+        sum_exp: &mut T,
+        tl: &mut T,
+    ) -> Result<()> {
         self.timed("cross_entropy_stats", |b| b.cross_entropy_stats(logits, targets, vs, row_max, sum_exp, tl))
     }
-    fn cross_entropy_backward_inplace(&self, logits: &mut T, targets: &T, vs: usize, row_max: &T, sum_exp: &T, d_loss: &T) -> Result<()> {
-        self.timed("cross_entropy_backward", |b| b.cross_entropy_backward_inplace(logits, targets, vs, row_max, sum_exp, d_loss))
+    fn cross_entropy_backward_inplace(
+        &self,
+        logits: &mut T,
+        targets: &T,
+        vs: usize,
+        row_max: &T,
+        sum_exp: &T,
+        d_loss: &T,
+    ) -> Result<()> {
+        self.timed("cross_entropy_backward", |b| {
+            b.cross_entropy_backward_inplace(logits, targets, vs, row_max, sum_exp, d_loss)
+        })
     }
     fn adam_step(&self, p: &mut T, g: &T, m: &mut T, v: &mut T, step: AdamStep) -> Result<()> {
         self.timed("adam_step", |b| b.adam_step(p, g, m, v, step))

@@ -65,9 +65,22 @@ impl Trainer {
         };
         let params = self.model.params();
         let t = std::time::Instant::now();
-        let path = megatron_checkpoint::save(&dir, self.state.iteration, &params, optimizer, meta, self.backend.as_ref(), &self.ctx)
-            .with_context(|| format!("saving checkpoint at iteration {} to {}", self.state.iteration, dir.display()))?;
-        println!("  successfully saved checkpoint at iteration {:7} to {} [ t {:.2}s ]", self.state.iteration, path.display(), t.elapsed().as_secs_f64());
+        let path = megatron_checkpoint::save(
+            &dir,
+            self.state.iteration,
+            &params,
+            optimizer,
+            meta,
+            self.backend.as_ref(),
+            &self.ctx,
+        )
+        .with_context(|| format!("saving checkpoint at iteration {} to {}", self.state.iteration, dir.display()))?;
+        println!(
+            "  successfully saved checkpoint at iteration {:7} to {} [ t {:.2}s ]",
+            self.state.iteration,
+            path.display(),
+            t.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 
@@ -77,7 +90,10 @@ impl Trainer {
         let a = self.cfg.args.clone();
         let Some(iteration) = megatron_checkpoint::read_tracker(&dir)? else {
             if a.exit_on_missing_checkpoint {
-                bail!("--load {}: no latest_checkpointed_iteration.txt and --exit-on-missing-checkpoint is set", dir.display());
+                bail!(
+                    "--load {}: no latest_checkpointed_iteration.txt and --exit-on-missing-checkpoint is set",
+                    dir.display()
+                );
             }
             println!("WARNING: could not find a checkpoint in {}; training from scratch", dir.display());
             return Ok(());
@@ -99,10 +115,14 @@ impl Trainer {
         }
         {
             let mut params = self.model.params_mut();
-            ckpt.load_params(&mut params, self.backend.as_ref()).with_context(|| format!("loading weights from {}", dir.display()))?;
+            ckpt.load_params(&mut params, self.backend.as_ref())
+                .with_context(|| format!("loading weights from {}", dir.display()))?;
         }
         if a.finetune {
-            println!(" loaded weights of iteration {iteration} from {} for finetuning (iteration reset to 0)", dir.display());
+            println!(
+                " loaded weights of iteration {iteration} from {} for finetuning (iteration reset to 0)",
+                dir.display()
+            );
             return Ok(());
         }
         self.state.iteration = ckpt.iteration();
@@ -119,7 +139,10 @@ impl Trainer {
             println!(" --no-load-optim: optimizer and LR-scheduler state not loaded (fresh schedule)");
         }
         if !a.no_load_rng && meta.rng["seed"].as_u64().is_some_and(|s| s != a.seed) {
-            println!("WARNING: checkpoint was trained with --seed {}, this run uses --seed {}", meta.rng["seed"], a.seed);
+            println!(
+                "WARNING: checkpoint was trained with --seed {}, this run uses --seed {}",
+                meta.rng["seed"], a.seed
+            );
         }
         println!(" successfully loaded checkpoint from {} at iteration {}", dir.display(), ckpt.iteration());
         Ok(())

@@ -17,7 +17,13 @@ pub struct DataCursor {
 }
 
 impl DataCursor {
-    pub fn new(dataset: Arc<dyn Dataset>, split: &'static str, micro_batch_size: usize, dp_size: usize, dp_rank: usize) -> Self {
+    pub fn new(
+        dataset: Arc<dyn Dataset>,
+        split: &'static str,
+        micro_batch_size: usize,
+        dp_size: usize,
+        dp_rank: usize,
+    ) -> Self {
         DataCursor { dataset, split, micro_batch_size, dp_size, dp_rank }
     }
 
@@ -55,7 +61,8 @@ impl DataCursor {
 /// Dropout seed of one microbatch: a pure function of `(seed, iteration, microbatch)` so a
 /// resumed run draws the same masks (splitmix64 finaliser for good bit mixing).
 pub fn microbatch_seed(seed: u64, iteration: u64, microbatch: usize) -> u64 {
-    let mut z = seed ^ iteration.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (microbatch as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut z =
+        seed ^ iteration.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (microbatch as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)

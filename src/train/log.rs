@@ -109,7 +109,8 @@ impl Progress {
         let width = 30usize;
         let filled = ((iteration as f64 / total as f64) * width as f64) as usize;
         let bar = format!("{}{}", "#".repeat(filled.min(width)), ".".repeat(width - filled.min(width)));
-        let _ = write!(std::io::stderr(), "\r[{bar}] {iteration}/{total} iters, {:.2} s/iter, ETA {:.0} s ", per_iter, eta);
+        let _ =
+            write!(std::io::stderr(), "\r[{bar}] {iteration}/{total} iters, {:.2} s/iter, ETA {:.0} s ", per_iter, eta);
         let _ = std::io::stderr().flush();
     }
 
@@ -164,6 +165,7 @@ mod tests {
         let b = validation_block("iteration 1000", 5.4321);
         let lines: Vec<&str> = b.lines().collect();
         assert_eq!(lines[0].len(), lines[1].len() + 1);
-        assert!(lines[1].contains("lm loss PPL: 2.286546E+02"));
+        // exp(5.4321) = 228.6289 (Python: `%.6E` % math.exp(5.4321)).
+        assert!(lines[1].contains("lm loss PPL: 2.286289E+02"), "{}", lines[1]);
     }
 }

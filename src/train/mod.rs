@@ -110,7 +110,7 @@ impl Trainer {
                 self.emit("batch-size", gbs as f64)?;
                 self.emit("grad-norm", step.grad_norm)?;
             }
-            if it % args.log_interval == 0 {
+            if it.is_multiple_of(args.log_interval) {
                 let secs = interval_start.elapsed().as_secs_f64() / interval_iters as f64;
                 let line = log::LogLine {
                     iteration: it,
@@ -139,7 +139,7 @@ impl Trainer {
                 (interval_start, interval_iters, loss_sum, loss_count) = (Instant::now(), 0, 0.0, 0);
                 (self.state.skipped_iters, self.state.nan_iters) = (0, 0);
             }
-            if it % args.eval_interval == 0 && args.eval_iters > 0 {
+            if it.is_multiple_of(args.eval_interval) && args.eval_iters > 0 {
                 if let Some(loss) = self.run_validation(&format!("iteration {it}"))? {
                     summary.valid_losses.push((it, loss));
                 }
@@ -148,20 +148,26 @@ impl Trainer {
             // Exit conditions in Megatron's order (SPEC §6.12).
             let signalled = self.stop.load(Ordering::SeqCst);
             if let (Some(_), Some(interval)) = (&args.save, args.save_interval) {
-                if it % interval == 0 {
+                if it.is_multiple_of(interval) {
                     self.save()?;
                     last_saved = Some(it);
                 }
             }
             let over_time = args.exit_duration_in_mins.is_some_and(|m| start_time.elapsed().as_secs_f64() > m * 60.0);
-            let at_exit_interval = args.exit_interval.is_some_and(|n| n > 0 && it % n == 0);
+            let at_exit_interval = args.exit_interval.is_some_and(|n| n > 0 && it.is_multiple_of(n));
             if signalled || over_time || at_exit_interval {
                 progress.clear();
                 if args.save.is_some() && last_saved != Some(it) {
                     self.save()?;
                     last_saved = Some(it);
                 }
-                let why = if signalled { "a signal" } else if over_time { "--exit-duration-in-mins" } else { "--exit-interval" };
+                let why = if signalled {
+                    "a signal"
+                } else if over_time {
+                    "--exit-duration-in-mins"
+                } else {
+                    "--exit-interval"
+                };
                 println!("exiting after iteration {it} because of {why}");
                 summary.stopped_by_signal = signalled;
                 summary.final_iteration = it;

@@ -2,7 +2,7 @@
 //! tokenizer, datasets, model, optimizer, LR schedule, pipeline schedule and metrics sinks,
 //! all looked up by name in the plugin registry; then loads `--load` if it has a checkpoint.
 
-use super::{data::DataCursor, Trainer, TrainState};
+use super::{data::DataCursor, TrainState, Trainer};
 use crate::config::TrainConfig;
 use anyhow::{Context, Result};
 use megatron_core::registry::{DatasetEnv, ModelEnv};
@@ -30,7 +30,9 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
 
     // Tokenizer → vocabulary size (mock data without a tokenizer uses --vocab-size).
     let tokenizer = match &cfg.tokenizer_type {
-        Some(t) => Some(registry.tokenizer(t, cfg.tokenizer_config()).with_context(|| format!("building tokenizer {t}"))?),
+        Some(t) => {
+            Some(registry.tokenizer(t, cfg.tokenizer_config()).with_context(|| format!("building tokenizer {t}"))?)
+        }
         None => None,
     };
     let vocab_size = match (&tokenizer, a.vocab_size) {
@@ -40,7 +42,8 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
     };
     let padded = cfg.padded_vocab(vocab_size);
     println!(" > padded vocab (size: {vocab_size}) with {} dummy tokens (new size: {padded})", padded - vocab_size);
-    let tokenizer_fingerprint = tokenizer.as_ref().map(|t| t.fingerprint()).unwrap_or_else(|| format!("vocab:{vocab_size}"));
+    let tokenizer_fingerprint =
+        tokenizer.as_ref().map(|t| t.fingerprint()).unwrap_or_else(|| format!("vocab:{vocab_size}"));
 
     let [n_train, n_valid, n_test] = cfg.split_samples;
     let splits = if a.mock_data {
@@ -60,7 +63,8 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
         )?
     };
     let (mbs, dp, dp_rank) = (a.micro_batch_size, ctx.dp_size(), ctx.dp_rank);
-    let cursor = |d: Option<Arc<dyn megatron_core::Dataset>>, name| d.map(|d| DataCursor::new(d, name, mbs, dp, dp_rank));
+    let cursor =
+        |d: Option<Arc<dyn megatron_core::Dataset>>, name| d.map(|d| DataCursor::new(d, name, mbs, dp, dp_rank));
     let train = cursor(splits.train, "train");
     anyhow::ensure!(train.is_some(), "the --split string gives the training split no data");
 
@@ -68,7 +72,9 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
         .model(&a.model, cfg.model_config(vocab_size), &ModelEnv { backend: backend.clone(), ctx: ctx.clone() })
         .with_context(|| format!("building model `{}`", a.model))?;
     let optimizer = match a.optimizer.as_str() {
-        "adam" => registry.optimizer("adam", json!({ "beta1": a.adam_beta1, "beta2": a.adam_beta2, "eps": a.adam_eps }))?,
+        "adam" => {
+            registry.optimizer("adam", json!({ "beta1": a.adam_beta1, "beta2": a.adam_beta2, "eps": a.adam_eps }))?
+        }
         "sgd" => registry.optimizer("sgd", json!({ "momentum": a.sgd_momentum }))?,
         other => registry.optimizer(other, json!({}))?,
     };

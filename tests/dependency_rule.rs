@@ -1,0 +1,44 @@
+//! ARCHITECTURE.md's dependency rule, read from `cargo metadata`: `core` depends on no
+//! workspace crate; kernels, tokenizers, datasets and plugins depend on `core` only (a
+//! dev-dependency on a backend for tests is allowed); models depend on `core` and
+//! `models/transformer`; only the `megatron` package depends on everything.
+
+use serde_json::Value;
+use std::process::Command;
+
+#[test]
+fn workspace_crates_follow_the_dependency_rule() {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let packages = meta["packages"].as_array().unwrap();
+    let members: Vec<String> = packages.iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    assert!(members.len() >= 11, "{members:?}");
+    for p in packages {
+        let name = p["name"].as_str().unwrap();
+        let deps: Vec<&str> = p["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].is_null()) // normal dependencies only
+            .map(|d| d["name"].as_str().unwrap())
+            .filter(|d| members.iter().any(|m| m == d))
+            .collect();
+        let allowed: &[&str] = match name {
+            "megatron" => continue,
+            "megatron-core" => &[],
+            "megatron-gpt" => &["megatron-core", "megatron-transformer"],
+            _ => &["megatron-core"],
+        };
+        for d in deps {
+            assert!(
+                allowed.contains(&d),
+                "`{name}` depends on `{d}`, which the dependency rule forbids (allowed: {allowed:?})"
+            );
+        }
+    }
+}
