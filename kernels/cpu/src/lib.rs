@@ -1,1 +1,113 @@
-//! CPU compute backend: gemm + rayon kernels and the naive reference ops
+//! `megatron-cpu`: the CPU compute backend ([`CpuBackend`], plugin name `cpu`).
+//!
+//! Tensors live in host memory (`Storage::Host`); fp32 is the compute dtype of every op, while
+//! `zeros`/`from_host`/`to_host`/`copy`/`cast` handle every [`megatron_core::DType`]. Matmuls go
+//! to the `gemm` crate (AVX-512 kernels with the `x86-v4` feature), attention is a tiled
+//! online-softmax kernel that never materialises the `(B, heads, T, T)` score matrix, and the
+//! elementwise/row ops are rayon-parallel loops compiled for AVX-512/AVX2 at run time.
+//!
+//! [`mod@reference`] holds naive single-threaded loops for every op: the oracle of the parity tests.
+
+mod activation;
+mod attention;
+mod backend;
+mod check;
+mod elementwise;
+mod embedding;
+mod expvec;
+mod gemm;
+mod loss;
+mod memory;
+mod norm;
+mod optim;
+pub mod reference;
+pub mod rng;
+mod rotary;
+mod scratch;
+pub mod simd;
+mod tile;
+
+pub use crate::gemm::measure_gemm_gflops;
+pub use attention::TILE as ATTENTION_TILE;
+
+use megatron_core::registry::{parse_config, ConfigDe};
+use megatron_core::{anyhow, Backend, Factory, Plugin, Result};
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// The CPU backend. Ops run on the global rayon pool, or on a private pool of `threads`
+/// threads when built with [`CpuBackend::with_threads`].
+pub struct CpuBackend {
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        CpuBackend::new()
+    }
+}
+
+impl CpuBackend {
+    /// A backend on the global rayon pool (`RAYON_NUM_THREADS` or one thread per core).
+    pub fn new() -> CpuBackend {
+        CpuBackend { pool: None }
+    }
+
+    /// A backend that runs every op on its own pool of `threads` threads.
+    pub fn with_threads(threads: usize) -> Result<CpuBackend> {
+        if threads == 0 {
+            anyhow::bail!("cpu backend: `threads` must be at least 1 (leave it unset to use every core)");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("megatron-cpu-{i}"))
+            .build()
+            .map_err(|e| anyhow::anyhow!("cpu backend: cannot start a pool of {threads} threads: {e}"))?;
+        Ok(CpuBackend { pool: Some(pool) })
+    }
+
+    /// Threads an op may use.
+    pub fn threads(&self) -> usize {
+        match &self.pool {
+            Some(p) => p.current_num_threads(),
+            None => rayon::current_num_threads(),
+        }
+    }
+
+    /// Runs `f` inside this backend's pool so nested rayon/gemm parallelism uses it.
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+}
+
+/// Config of the `cpu` backend plugin.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CpuConfig {
+    /// Worker threads; unset = the global rayon pool (one per core, or `RAYON_NUM_THREADS`).
+    pub threads: Option<usize>,
+}
+
+fn build_backend(de: ConfigDe) -> Result<Arc<dyn Backend>> {
+    let cfg: CpuConfig = parse_config(de, "cpu")?;
+    let backend = match cfg.threads {
+        Some(n) => CpuBackend::with_threads(n)?,
+        None => CpuBackend::new(),
+    };
+    Ok(Arc::new(backend))
+}
+
+fn plugins() -> Vec<Plugin> {
+    vec![Plugin {
+        name: "cpu",
+        description: "CPU backend: gemm-crate matmuls, tiled flash attention, rayon kernels (fp32)",
+        factory: Factory::Backend(build_backend),
+    }]
+}
+
+megatron_core::inventory::submit! {
+    megatron_core::PluginCrate { crate_name: env!("CARGO_PKG_NAME"), version: env!("CARGO_PKG_VERSION"), plugins }
+}

@@ -1,0 +1,151 @@
+//! Elementwise ops and reductions: fill, scale, axpy, add, sum_rows, sum_squares, abs_max and
+//! dropout. Each splits its slice into [`CHUNK`]-sized pieces run in parallel by rayon, with a
+//! plain contiguous loop inside that LLVM vectorises.
+
+use crate::check::{f32s, f32s_mut, in_range, numel, rows_cols, same_numel};
+use crate::rng::DropoutMask;
+use crate::simd_kernel;
+use megatron_core::{DeviceTensor, Result};
+use rayon::prelude::*;
+
+/// Elements per parallel task: big enough to amortise rayon's ~µs scheduling cost.
+pub(crate) const CHUNK: usize = 1 << 14;
+
+pub(crate) fn fill(t: &mut DeviceTensor, value: f32) -> Result<()> {
+    let x = f32s_mut("fill", "t", t)?;
+    x.par_chunks_mut(CHUNK).for_each(|c| c.fill(value));
+    Ok(())
+}
+
+pub(crate) fn scale(t: &mut DeviceTensor, s: f32) -> Result<()> {
+    let x = f32s_mut("scale", "t", t)?;
+    x.par_chunks_mut(CHUNK).for_each(|c| scale_kernel(c, s));
+    Ok(())
+}
+
+pub(crate) fn axpy(a: &mut DeviceTensor, alpha: f32, b: &DeviceTensor) -> Result<()> {
+    same_numel("axpy", "a", a, "b", b)?;
+    let bv = f32s("axpy", "b", b)?;
+    let av = f32s_mut("axpy", "a", a)?;
+    av.par_chunks_mut(CHUNK).zip(bv.par_chunks(CHUNK)).for_each(|(x, y)| axpy_kernel(x, alpha, y));
+    Ok(())
+}
+
+pub(crate) fn add(a: &DeviceTensor, b: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
+    same_numel("add", "a", a, "b", b)?;
+    same_numel("add", "a", a, "out", out)?;
+    let (av, bv) = (f32s("add", "a", a)?, f32s("add", "b", b)?);
+    let o = f32s_mut("add", "out", out)?;
+    o.par_chunks_mut(CHUNK)
+        .zip(av.par_chunks(CHUNK).zip(bv.par_chunks(CHUNK)))
+        .for_each(|(o, (x, y))| add_kernel(o, x, y));
+    Ok(())
+}
+
+pub(crate) fn sum_rows(x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
+    let (n, c) = rows_cols("sum_rows", "x", x)?;
+    numel("sum_rows", "out", out, c, "the last dim of `x`")?;
+    let xv = f32s("sum_rows", "x", x)?;
+    let o = f32s_mut("sum_rows", "out", out)?;
+    let rows_per_task = (CHUNK / c).max(1);
+    let partial = xv
+        .par_chunks(rows_per_task * c)
+        .map(|rows| {
+            let mut acc = vec![0.0f32; c];
+            sum_rows_kernel(rows, &mut acc);
+            acc
+        })
+        .reduce_with(|mut a, b| {
+            a.iter_mut().zip(&b).for_each(|(a, &b)| *a += b);
+            a
+        });
+    if let Some(p) = partial.filter(|_| n > 0) {
+        o.iter_mut().zip(&p).for_each(|(o, &p)| *o += p);
+    }
+    Ok(())
+}
+
+pub(crate) fn sum_squares(x: &DeviceTensor) -> Result<f64> {
+    let xv = f32s("sum_squares", "x", x)?;
+    Ok(xv.par_chunks(CHUNK).map(sum_squares_kernel).sum())
+}
+
+pub(crate) fn abs_max(x: &DeviceTensor) -> Result<(f32, bool)> {
+    let xv = f32s("abs_max", "x", x)?;
+    Ok(xv.par_chunks(CHUNK).map(abs_max_kernel).reduce(|| (0.0, false), |a, b| (a.0.max(b.0), a.1 | b.1)))
+}
+
+pub(crate) fn dropout(x: &mut DeviceTensor, p: f32, seed: u64) -> Result<()> {
+    in_range("dropout", "p", p, 0.0, 1.0)?;
+    let xv = f32s_mut("dropout", "x", x)?;
+    if p == 0.0 {
+        return Ok(());
+    }
+    let mask = DropoutMask::new(seed, p);
+    xv.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, c)| {
+        dropout_kernel(c, &mask, (ci * CHUNK) as u64);
+    });
+    Ok(())
+}
+
+simd_kernel! {
+    fn scale_kernel(x: &mut [f32], s: f32) {
+        x.iter_mut().for_each(|v| *v *= s);
+    }
+}
+
+simd_kernel! {
+    fn axpy_kernel(x: &mut [f32], alpha: f32, y: &[f32]) {
+        x.iter_mut().zip(y).for_each(|(x, &y)| *x += alpha * y);
+    }
+}
+
+simd_kernel! {
+    fn add_kernel(o: &mut [f32], x: &[f32], y: &[f32]) {
+        o.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (&x, &y))| *o = x + y);
+    }
+}
+
+simd_kernel! {
+    /// `acc[C] += Σ rows[·, C]`.
+    fn sum_rows_kernel(rows: &[f32], acc: &mut [f32]) {
+        let c = acc.len();
+        for r in rows.chunks_exact(c) {
+            acc.iter_mut().zip(r).for_each(|(a, &v)| *a += v);
+        }
+    }
+}
+
+simd_kernel! {
+    fn sum_squares_kernel(c: &[f32]) -> f64 {
+        // Eight f64 lanes break the dependency chain so the loop vectorises.
+        let mut acc = [0.0f64; 8];
+        let mut it = c.chunks_exact(8);
+        for b in &mut it {
+            for (a, &v) in acc.iter_mut().zip(b) {
+                *a += v as f64 * v as f64;
+            }
+        }
+        acc.iter().sum::<f64>() + it.remainder().iter().map(|&v| v as f64 * v as f64).sum::<f64>()
+    }
+}
+
+simd_kernel! {
+    fn abs_max_kernel(c: &[f32]) -> (f32, bool) {
+        let (mut m, mut bad) = (0.0f32, false);
+        for &v in c {
+            bad |= !v.is_finite();
+            m = m.max(v.abs());
+        }
+        (m, bad)
+    }
+}
+
+simd_kernel! {
+    /// Element `i` of `c` has global index `base + i` in the mask stream.
+    fn dropout_kernel(c: &mut [f32], mask: &DropoutMask, base: u64) {
+        for (i, v) in c.iter_mut().enumerate() {
+            *v *= mask.factor(base + i as u64);
+        }
+    }
+}
