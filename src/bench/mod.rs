@@ -123,22 +123,47 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
         step(&mut model)?;
     }
     profiler.reset();
-    let t0 = Instant::now();
+    // This machine's speed drifts (shared host): every timed step is paired with a GEMM-rate
+    // sample taken right after it, and the ratio is the median of the per-pair ratios.
+    let bt = p.mbs * p.seq;
+    let (gm, gn, gk) = (bt, 4 * p.hidden, p.hidden);
+    let (mut step_secs, mut gemm_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let mut loss = 0.0;
-    for _ in 0..args.iters {
+    for _ in 0..args.iters.max(1) {
+        let t0 = Instant::now();
         loss = step(&mut model)?;
+        backend.synchronize()?;
+        let secs = t0.elapsed().as_secs_f64();
+        let rate = gemm_gflops(raw.as_ref(), gm, gn, gk, (false, true))?;
+        ratios.push(n_tokens as f64 * flops_per_token / secs / 1e9 / rate);
+        step_secs.push(secs);
+        gemm_rates.push(rate);
     }
-    backend.synchronize()?;
-    let secs = t0.elapsed().as_secs_f64() / args.iters.max(1) as f64;
+    let secs = median(&mut step_secs);
     let tok_s = n_tokens as f64 / secs;
     let model_gflops = tok_s * flops_per_token / 1e9;
-    let bt = p.mbs * p.seq;
-    let gemm = gemm_gflops(raw.as_ref(), bt, 4 * p.hidden, p.hidden, (false, true))?;
-    println!("  step time            {:.1} ms (mean of {} iterations, last loss {:.4})", secs * 1e3, args.iters, loss);
+    let gemm = median(&mut gemm_rates);
+    let spread = |v: &[f64], digits: usize| {
+        let (lo, hi) = (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(0.0, f64::max));
+        format!("{lo:.digits$}..{hi:.digits$}")
+    };
+    println!(
+        "  step time            {:.1} ms (median of {} iterations, last loss {:.4})",
+        secs * 1e3,
+        args.iters,
+        loss
+    );
     println!("  tokens/s             {tok_s:.0}");
     println!("  model GFLOP/s        {model_gflops:.1}  ({:.3e} FLOPs/token = 6*N_matmul + 12*L*T*h)", flops_per_token);
-    println!("  fp32 GEMM GFLOP/s    {gemm:.1}  (backend gemm {bt}x{}x{}, same run)", 4 * p.hidden, p.hidden);
-    println!("  ratio to GEMM        {:.3}", model_gflops / gemm);
+    println!(
+        "  fp32 GEMM GFLOP/s    {gemm:.1}  (median, range {}; backend gemm {gm}x{gn}x{gk} NT after each step)",
+        spread(&gemm_rates, 1)
+    );
+    println!(
+        "  ratio to GEMM        {:.3}  (median of per-step ratios, range {})",
+        median(&mut ratios),
+        spread(&ratios, 3)
+    );
     let params: usize = model.params().iter().map(|p| p.value.numel()).sum();
     println!(
         "  parameters           {params} ({:.1} MiB fp32; params+grads+Adam m,v = {:.1} MiB)",
@@ -154,10 +179,24 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
         println!("  per-op profile ({} iterations, op time with a synchronize after each):", args.iters);
         for (op, calls, s) in rows.iter().filter(|r| r.2 > 0.0) {
             let per_iter = s / args.iters.max(1) as f64 * 1e3;
-            println!("    {op:<24} {calls:>6} calls {per_iter:>9.2} ms/iter {:>6.1} %", 100.0 * s / total.max(1e-12));
+            let gflops = op
+                .strip_prefix("gemm ")
+                .and_then(|shape| shape.split(' ').next())
+                .map(|mnk| mnk.split('x').filter_map(|d| d.parse::<f64>().ok()).product::<f64>())
+                .map(|mnk| format!("{:>7.1} GFLOP/s", 2.0 * mnk * *calls as f64 / s / 1e9))
+                .unwrap_or_default();
+            println!(
+                "    {op:<32} {calls:>6} calls {per_iter:>9.2} ms/iter {:>6.1} % {gflops}",
+                100.0 * s / total.max(1e-12)
+            );
         }
     }
     Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 fn mib(bytes: usize) -> f64 {

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Wraps a backend; [`ProfilingBackend::report`] gives `(op, calls, seconds)` sorted by time.
+/// Wraps a backend; [`ProfilingBackend::report`] gives `(op, calls, seconds)` sorted by time
+/// (GEMMs keyed by `m x n x k` and transposes).
 pub struct ProfilingBackend {
     inner: Arc<dyn Backend>,
-    times: Mutex<BTreeMap<&'static str, (u64, f64)>>,
+    times: Mutex<BTreeMap<String, (u64, f64)>>,
 }
 
 impl ProfilingBackend {
@@ -17,13 +18,13 @@ impl ProfilingBackend {
         ProfilingBackend { inner, times: Mutex::new(BTreeMap::new()) }
     }
 
-    fn timed<T>(&self, op: &'static str, f: impl FnOnce(&dyn Backend) -> Result<T>) -> Result<T> {
+    fn timed<T>(&self, op: impl Into<String>, f: impl FnOnce(&dyn Backend) -> Result<T>) -> Result<T> {
         let t = Instant::now();
         let out = f(self.inner.as_ref())?;
         self.inner.synchronize()?;
         let dt = t.elapsed().as_secs_f64();
         if let Ok(mut m) = self.times.lock() {
-            let e = m.entry(op).or_insert((0, 0.0));
+            let e = m.entry(op.into()).or_insert((0, 0.0));
             e.0 += 1;
             e.1 += dt;
         }
@@ -36,7 +37,7 @@ impl ProfilingBackend {
         }
     }
 
-    pub fn report(&self) -> Vec<(&'static str, u64, f64)> {
+    pub fn report(&self) -> Vec<(String, u64, f64)> {
         let m = self.times.lock().map(|m| m.clone()).unwrap_or_default();
         let mut v: Vec<_> = m.into_iter().map(|(k, (n, s))| (k, n, s)).collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
@@ -90,7 +91,10 @@ impl Backend for ProfilingBackend {
         self.timed("abs_max", |b| b.abs_max(x))
     }
     fn gemm(&self, a: &T, x: &T, c: &mut T, spec: GemmSpec, bias: Option<&T>) -> Result<()> {
-        self.timed("gemm", |b| b.gemm(a, x, c, spec, bias))
+        // Per shape and transpose: the GEMMs of a model run at very different rates.
+        let t = |x: bool| if x { 'T' } else { 'N' };
+        let op = format!("gemm {}x{}x{} {}{}", spec.m, spec.n, spec.k, t(spec.trans_a), t(spec.trans_b));
+        self.timed(op, |b| b.gemm(a, x, c, spec, bias))
     }
     fn layernorm_forward(
         &self,
