@@ -71,6 +71,9 @@ pub(crate) fn gemm_strided(
     }
 }
 
+/// Rows per block when the `A` operand is transposed and tall (see [`gemm_op`]).
+const TRANS_A_ROW_BLOCK: usize = 4096;
+
 pub(crate) fn gemm_op(
     a: &DeviceTensor,
     b: &DeviceTensor,
@@ -111,7 +114,18 @@ pub(crate) fn gemm_op(
         });
         dst_scale = 1.0;
     }
-    gemm_strided(m, n, k, cv, n, dst_scale, lhs, rhs, alpha, Parallelism::Rayon(0));
+    if trans_a && m > 2 * TRANS_A_ROW_BLOCK {
+        // A transposed A with many rows (the LM head's weight gradient, m = vocab) is read with
+        // a stride of m floats; in blocks of rows the gemm crate runs ~15% faster here
+        // (the tiny config's 50304x256x2048 TN: 165 -> 195 GFLOP/s in an interleaved A/B timing).
+        for (i, rows) in cv.chunks_mut(TRANS_A_ROW_BLOCK * n).enumerate() {
+            let mc = rows.len() / n;
+            let block = Mat { off: i * TRANS_A_ROW_BLOCK, ..lhs };
+            gemm_strided(mc, n, k, rows, n, dst_scale, block, rhs, alpha, Parallelism::Rayon(0));
+        }
+    } else {
+        gemm_strided(m, n, k, cv, n, dst_scale, lhs, rhs, alpha, Parallelism::Rayon(0));
+    }
     Ok(())
 }
 
