@@ -3,7 +3,7 @@
 
 use crate::state_tensors::{self, StateMap};
 use anyhow::{bail, Result};
-use megatron_core::{AdamStep, Backend, DType, Optimizer, OptimizerState, Param};
+use megatron_core::{AdamStep, Backend, Optimizer, OptimizerState, Param};
 use serde::{Deserialize, Serialize};
 
 /// Names of the per-parameter states, in the order [`StateMap`] holds them.
@@ -75,19 +75,9 @@ impl Optimizer for Adam {
         self.steps += 1;
         for p in params.iter_mut() {
             let p: &mut Param = p;
-            if !self.states.contains_key(&p.name) {
-                let mut fresh = Vec::with_capacity(KINDS.len());
-                for _ in KINDS {
-                    fresh.push(backend.zeros(p.value.shape(), DType::F32)?);
-                }
-                self.states.insert(p.name.clone(), fresh);
-            }
-            let Some([exp_avg, exp_avg_sq]) = self.states.get_mut(&p.name).map(Vec::as_mut_slice) else {
-                bail!("internal: Adam state of `{}` does not hold exp_avg and exp_avg_sq", p.name);
-            };
-            state_tensors::check_shape(exp_avg, p, KINDS[0])?;
-            // SPEC §6.4: biases and 1-D params (norm weights) have wd_mult 0.
-            let wd = if p.layout.no_weight_decay { 0.0 } else { weight_decay };
+            let (state, _) = state_tensors::get_or_create(&mut self.states, p, &KINDS, backend)?;
+            let [exp_avg, exp_avg_sq] = state else { unreachable!("get_or_create returns one tensor per kind") };
+            let wd = state_tensors::decay_for(p, weight_decay);
             let spec = AdamStep {
                 lr: lr as f32,
                 beta1: self.config.beta1 as f32,

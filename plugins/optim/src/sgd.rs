@@ -3,7 +3,7 @@
 
 use crate::state_tensors::{self, StateMap};
 use anyhow::{bail, Result};
-use megatron_core::{Backend, DType, Optimizer, OptimizerState, Param};
+use megatron_core::{Backend, Optimizer, OptimizerState, Param};
 use serde::{Deserialize, Serialize};
 
 const KINDS: [&str; 1] = ["momentum_buffer"];
@@ -58,15 +58,9 @@ impl Optimizer for Sgd {
         for p in params.iter_mut() {
             let p: &mut Param = p;
             // torch starts the buffer at the first gradient rather than decaying a zero one.
-            let first_step = !self.states.contains_key(&p.name);
-            if first_step {
-                self.states.insert(p.name.clone(), vec![backend.zeros(p.value.shape(), DType::F32)?]);
-            }
-            let Some([buf]) = self.states.get_mut(&p.name).map(Vec::as_mut_slice) else {
-                bail!("internal: SGD state of `{}` does not hold one momentum buffer", p.name);
-            };
-            state_tensors::check_shape(buf, p, KINDS[0])?;
-            let wd = if p.layout.no_weight_decay { 0.0 } else { weight_decay };
+            let (state, first_step) = state_tensors::get_or_create(&mut self.states, p, &KINDS, backend)?;
+            let [buf] = state else { unreachable!("get_or_create returns one tensor per kind") };
+            let wd = state_tensors::decay_for(p, weight_decay);
             backend.sgd_step(
                 &mut p.value,
                 &p.grad,

@@ -92,6 +92,39 @@ fn to_f32(backend: &dyn Backend, t: DeviceTensor) -> Result<DeviceTensor> {
 }
 
 /// Checks a live state tensor still fits its parameter (a model must not change shape).
+/// The state tensors of `p` in `kinds` order, created as fp32 zeros on its first step (the
+/// `bool` says they were just created); their shape is checked against the parameter.
+pub(crate) fn get_or_create<'a>(
+    states: &'a mut StateMap,
+    p: &Param,
+    kinds: &[&str],
+    backend: &dyn Backend,
+) -> Result<(&'a mut [DeviceTensor], bool)> {
+    let fresh = !states.contains_key(&p.name);
+    if fresh {
+        let zeros = kinds.iter().map(|_| backend.zeros(p.value.shape(), DType::F32)).collect::<Result<Vec<_>>>()?;
+        states.insert(p.name.clone(), zeros);
+    }
+    let ts = states.get_mut(&p.name).map(Vec::as_mut_slice).unwrap_or_default();
+    if ts.len() != kinds.len() {
+        bail!("internal: optimizer state of `{}` holds {} tensors, expected {kinds:?}", p.name, ts.len());
+    }
+    for (t, kind) in ts.iter().zip(kinds) {
+        check_shape(t, p, kind)?;
+    }
+    Ok((ts, fresh))
+}
+
+/// The weight decay applied to `p`: SPEC §6.4 gives biases and 1-D params (norm weights)
+/// `wd_mult` 0.
+pub(crate) fn decay_for(p: &Param, weight_decay: f64) -> f64 {
+    if p.layout.no_weight_decay {
+        0.0
+    } else {
+        weight_decay
+    }
+}
+
 pub(crate) fn check_shape(t: &DeviceTensor, p: &Param, kind: &str) -> Result<()> {
     if t.shape() != p.value.shape() {
         bail!(
