@@ -101,9 +101,10 @@ impl Trainer {
         let ckpt = megatron_checkpoint::load(&dir, Some(iteration))?;
         let meta = ckpt.metadata.meta.clone();
         if !a.finetune {
+            let ours_all = serde_json::to_value(&a)?;
             for key in SHAPE_ARGS {
-                let (stored, ours) = (&meta.args[key], serde_json::to_value(&a)?[key].clone());
-                if !stored.is_null() && *stored != ours {
+                let (stored, ours) = (&meta.args[key], &ours_all[key]);
+                if !stored.is_null() && stored != ours {
                     bail!(
                         "checkpoint {} was saved with --{} {stored}, this run has {ours}; use the same model shape \
                          (or --finetune to load weights into a compatible model)",
