@@ -131,6 +131,23 @@ pub struct PretrainArgs {
     pub tensor_model_parallel_size: usize,
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
+    /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x pp).
+    #[arg(long, visible_alias = "world-size", default_value_t = 1)]
+    pub nproc: usize,
+    /// All-reduce each gradient bucket as soon as its gradients are final in the last
+    /// microbatch's backward, overlapped with the rest of backward.
+    #[arg(long)]
+    pub overlap_grad_reduce: bool,
+    /// Gradient bucket size in elements (default with overlap: max(4e7, 1e6 x dp)).
+    #[arg(long)]
+    pub ddp_bucket_size: Option<usize>,
+    /// How long a rank waits for its peers in a collective before failing.
+    #[arg(long, default_value_t = 10)]
+    pub distributed_timeout_minutes: u64,
+    /// 1 or more: with `--nproc`, each rank prints where its training time went (compute vs
+    /// time inside each communicator call per group) when training ends.
+    #[arg(long, default_value_t = 0)]
+    pub timing_log_level: u32,
 
     // ---- data and tokenizer (SPEC §11.8) ------------------------------------------------
     #[arg(long, num_args = 1..)]
@@ -141,6 +158,19 @@ pub struct PretrainArgs {
     pub mock_data: bool,
     #[arg(long)]
     pub data_cache_path: Option<PathBuf>,
+    /// Per-split data, each a blend like --data-path (instead of --data-path and --split).
+    #[arg(long, num_args = 1..)]
+    pub train_data_path: Vec<String>,
+    #[arg(long, num_args = 1..)]
+    pub valid_data_path: Vec<String>,
+    #[arg(long, num_args = 1..)]
+    pub test_data_path: Vec<String>,
+    /// Extra fraction of samples each dataset of a weighted blend builds.
+    #[arg(long, default_value_t = 0.005)]
+    pub mid_level_dataset_surplus: f64,
+    /// Accepted for compatibility; the .bin file is always memory-mapped.
+    #[arg(long)]
+    pub no_mmap_bin_files: bool,
     #[arg(long)]
     pub tokenizer_type: Option<String>,
     #[arg(long)]
@@ -177,4 +207,8 @@ pub struct PretrainArgs {
     pub bf16: bool,
     #[arg(long)]
     pub fp16: bool,
+    /// Plugin configurations from a JSON, TOML or YAML file, one section per plugin kind
+    /// (`model: {name: gpt, ...}`); the file wins over flags (docs/plugins.md).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }

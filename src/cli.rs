@@ -5,12 +5,16 @@ use crate::config::TrainConfig;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use megatron_core::{PluginKind, Registry};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+#[cfg(all(feature = "optim", feature = "checkpoint"))]
+use std::sync::{atomic::AtomicBool, Arc};
 
 #[derive(Parser, Debug)]
 #[command(name = "megatron", version, about = "Megatron-LM in Rust: pretrain transformer language models")]
 pub struct Cli {
+    /// Load a plugin library (a cdylib built with `megatron_core::export_plugin!`) before the
+    /// registry is used; repeatable. See docs/plugins.md.
+    #[arg(long = "plugin", global = true, value_name = "PATH")]
+    pub plugins: Vec<std::path::PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -28,6 +32,35 @@ pub enum Command {
     },
     /// Measure training throughput against the backend's GEMM rate.
     Bench(crate::bench::BenchArgs),
+    /// Generate text from a checkpoint (streams tokens for a single --prompt).
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    Generate(Box<crate::generate::cli::GenerateArgs>),
+    /// Megatron's REST text-generation server (PUT /api, GET /health).
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    Serve(Box<crate::serve::ServeArgs>),
+    /// Export a checkpoint to another format (`hf`: Hugging Face GPT-2).
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    #[command(subcommand)]
+    Export(crate::hf::ExportCommand),
+    /// Import a checkpoint from another format (`hf`: Hugging Face GPT-2).
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    #[command(subcommand)]
+    Import(crate::hf::ImportCommand),
+    /// Tokenize a corpus into Megatron .bin/.idx datasets (tools/preprocess_data.py), or --merge datasets.
+    #[cfg(feature = "datasets")]
+    Preprocess(Box<crate::tools::preprocess::PreprocessArgs>),
+    /// Inspect indexed datasets (`megatron data inspect PREFIX`).
+    #[cfg(feature = "datasets")]
+    Data {
+        #[command(subcommand)]
+        command: crate::tools::data_inspect::DataCommand,
+    },
+    /// Tokenizer tools (`megatron tokenizer train`: byte-level BPE → vocab.json + merges.txt).
+    #[cfg(feature = "tokenizers")]
+    Tokenizer {
+        #[command(subcommand)]
+        command: crate::tools::tokenizer_train::TokenizerCommand,
+    },
 }
 
 /// Runs the CLI; returns the process exit code.
@@ -43,37 +76,63 @@ pub fn main() -> i32 {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
-    let registry = Registry::builtin()?;
+    let registry = crate::plugins::registry_with_plugins(&cli.plugins)?;
     match cli.command {
-        Command::Pretrain(args) => {
-            let stop = crate::signals::install()?;
-            let summary = pretrain(&args, &registry, stop)?;
-            if summary.stopped_by_signal {
-                println!("stopped by signal after iteration {}", summary.final_iteration);
-            }
-            Ok(())
-        }
+        Command::Pretrain(args) => run_pretrain(&args, &registry),
         Command::List { kind } => list(&registry, kind.as_deref()),
         Command::Bench(args) => crate::bench::run(&args, &registry),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Generate(args) => crate::generate::cli::run(&args, &registry),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Serve(args) => crate::serve::run(&args, &registry),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Export(crate::hf::ExportCommand::Hf(args)) => crate::hf::export::run(&args, &registry),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Import(crate::hf::ImportCommand::Hf(args)) => crate::hf::import::run(&args, &registry).map(|_| ()),
+        #[cfg(feature = "datasets")]
+        Command::Preprocess(args) => crate::tools::preprocess::run(&args, &registry).map(|_| ()),
+        #[cfg(feature = "datasets")]
+        Command::Data { command } => crate::tools::data_inspect::run(&command, &registry),
+        #[cfg(feature = "tokenizers")]
+        Command::Tokenizer { command } => crate::tools::tokenizer_train::run(&command),
     }
 }
 
-/// Builds the trainer and trains; `stop` is the flag a signal handler sets.
+#[cfg(all(feature = "optim", feature = "checkpoint"))]
+fn run_pretrain(args: &PretrainArgs, registry: &Registry) -> Result<()> {
+    let stop = crate::signals::install()?;
+    let summary = pretrain(args, registry, stop)?;
+    if summary.stopped_by_signal {
+        println!("stopped by signal after iteration {}", summary.final_iteration);
+    }
+    Ok(())
+}
+
+/// A build without the training driver's crates (e.g. `--features minimal`).
+#[cfg(not(all(feature = "optim", feature = "checkpoint")))]
+fn run_pretrain(args: &PretrainArgs, _registry: &Registry) -> Result<()> {
+    TrainConfig::from_args(args, 1)?; // flag errors first, as in the full build
+    anyhow::bail!(crate::plugins::missing_pretrain_features().unwrap_or_default())
+}
+
+/// Builds the trainer and trains; `stop` is the flag a signal handler sets. `args.config`
+/// (`--config FILE`) is applied first (src/plugin_config.rs).
+#[cfg(all(feature = "optim", feature = "checkpoint"))]
 pub fn pretrain(args: &PretrainArgs, registry: &Registry, stop: Arc<AtomicBool>) -> Result<crate::train::TrainSummary> {
-    let cfg = TrainConfig::from_args(args, 1)?;
-    let mut trainer = crate::train::build_trainer(cfg, registry, stop)?;
-    trainer.train()
+    let (args, registry) = crate::plugin_config::apply_config_file(args, registry)?;
+    let cfg = TrainConfig::from_args(&args, args.nproc)?;
+    crate::train::run_ranks(cfg, &registry, stop)
 }
 
 fn list(registry: &Registry, kind: Option<&str>) -> Result<()> {
     let kind = kind.map(PluginKind::parse).transpose()?;
-    println!("{:<18} {:<22} {:<9} {:<22} origin", "kind", "name", "version", "crate");
+    println!("{:<18} {:<22} {:<9} {:<24} origin", "kind", "name", "version", "crate");
     for e in registry.entries() {
         let k = e.plugin.factory.kind();
         if kind.is_some_and(|want| want != k) {
             continue;
         }
-        println!("{:<18} {:<22} {:<9} {:<22} {}", k.as_str(), e.plugin.name, e.version, e.crate_name, e.origin);
+        println!("{:<18} {:<22} {:<9} {:<24} {}", k.as_str(), e.plugin.name, e.version, e.crate_name, e.origin);
     }
     Ok(())
 }

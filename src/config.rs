@@ -32,14 +32,17 @@ impl TrainConfig {
         let tp = a.tensor_model_parallel_size.max(1);
         let pp = a.pipeline_model_parallel_size.max(1);
         need(
-            a.tensor_model_parallel_size == 1 && a.pipeline_model_parallel_size == 1,
-            "--tensor-model-parallel-size and --pipeline-model-parallel-size > 1 are not available yet \
-             (they arrive with the parallelism issue); use 1"
-                .into(),
+            a.tensor_model_parallel_size > 0 && a.pipeline_model_parallel_size > 0 && world_size > 0,
+            "--tensor-model-parallel-size, --pipeline-model-parallel-size and --nproc must be >= 1".into(),
         );
+        need(a.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0".into());
+        need(a.ddp_bucket_size != Some(0), "--ddp-bucket-size must be > 0".into());
         need(
             world_size.is_multiple_of(tp * pp),
-            format!("world size {world_size} is not divisible by tp {tp} x pp {pp}"),
+            format!(
+                "--nproc {world_size} is not divisible by --tensor-model-parallel-size {tp} x \
+                 --pipeline-model-parallel-size {pp}"
+            ),
         );
         let dp = (world_size / (tp * pp)).max(1);
         need(a.micro_batch_size > 0, "--micro-batch-size must be > 0".into());
@@ -86,8 +89,16 @@ impl TrainConfig {
                 "--save needs --save-interval N (N > 0), as in Megatron-LM".into(),
             );
         }
-        let sources = usize::from(a.mock_data) + usize::from(!a.data_path.is_empty());
-        need(sources == 1, "give exactly one data source: --data-path PREFIX or --mock-data".into());
+        let per_split = [&a.train_data_path, &a.valid_data_path, &a.test_data_path].iter().any(|p| !p.is_empty());
+        let sources = usize::from(a.mock_data) + usize::from(!a.data_path.is_empty()) + usize::from(per_split);
+        need(
+            sources == 1,
+            "give exactly one data source: --data-path PREFIX, --train/valid/test-data-path, or --mock-data".into(),
+        );
+        need(
+            !(per_split && a.split.is_some()),
+            "--split applies to --data-path only; drop it with --train/valid/test-data-path".into(),
+        );
         let tokenizer_type = match (&a.tokenizer_type, a.mock_data) {
             (Some(t), _) => Some(t.clone()),
             (None, true) => None,

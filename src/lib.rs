@@ -6,16 +6,32 @@ pub mod args;
 pub mod bench;
 pub mod cli;
 pub mod config;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod generate;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod hf;
+pub mod plugin_config;
+pub mod plugins;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod serve;
 pub mod signals;
+pub mod tools;
+// The training driver calls megatron-optim and megatron-checkpoint directly (the `minimal`
+// build has neither: `megatron pretrain` then reports the features it needs).
+#[cfg(all(feature = "optim", feature = "checkpoint"))]
 pub mod train;
 
 // Without a reference the linker drops a plugin crate and the registry is silently empty.
 #[cfg(feature = "checkpoint")]
 use megatron_checkpoint as _;
+#[cfg(feature = "comm-local")]
+use megatron_comm_local as _;
 #[cfg(feature = "cpu")]
 use megatron_cpu as _;
 #[cfg(feature = "datasets")]
 use megatron_datasets as _;
+#[cfg(feature = "example-mlp-lm")]
+use megatron_example_mlp_lm as _;
 #[cfg(feature = "gpt")]
 use megatron_gpt as _;
 #[cfg(feature = "metrics")]

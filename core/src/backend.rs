@@ -69,6 +69,29 @@ pub struct RotarySpec {
     pub position_offset: usize,
 }
 
+/// Attention of new queries against a per-layer key/value cache (incremental decoding).
+///
+/// `qkv` is the fused `(B, Tq, heads, 3, head_dim)` of the `Tq` new tokens of every row; their
+/// k and v are first written into the caches `(B, capacity, heads, head_dim)` at positions
+/// `[offset, offset + Tq)`. New query `i` (absolute position `p = offset + i`) then attends to
+/// the cached keys `j` with `key_start[b] <= j <= p` (causal; `key_start` masks left padding,
+/// all zeros when absent); a query with no key gets a zero output. `out` is
+/// `(B, Tq, heads*head_dim)`. Nothing is saved: inference only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvCacheAttentionSpec {
+    pub batch: usize,
+    /// New tokens per row in this call: the prompt prefix when prefilling, 1 when decoding.
+    pub new_tokens: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Length of the caches' sequence dim.
+    pub capacity: usize,
+    /// Cache position of the first new token (the number of tokens already cached).
+    pub offset: usize,
+    /// Multiplies `q·k` before the softmax (`1/sqrt(head_dim)`).
+    pub scale: f32,
+}
+
 /// One fused AdamW update (decoupled weight decay, bias correction), Megatron/PyTorch
 /// semantics: `p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²;
 /// p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps)`.
@@ -204,6 +227,26 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// Rotates q and k in place; `inverse` applies the transpose rotation (the backward).
     fn rotary(&self, qkv: &mut DeviceTensor, spec: RotarySpec, inverse: bool) -> Result<()>;
+
+    /// See [`KvCacheAttentionSpec`]: appends the new k/v to the caches, then attends. Backends
+    /// that cannot decode incrementally keep this default, an error naming the backend.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kv_cache(
+        &self,
+        qkv: &DeviceTensor,
+        k_cache: &mut DeviceTensor,
+        v_cache: &mut DeviceTensor,
+        key_start: Option<&DeviceTensor>,
+        out: &mut DeviceTensor,
+        spec: KvCacheAttentionSpec,
+    ) -> Result<()> {
+        let _ = (qkv, k_cache, v_cache, key_start, out, spec);
+        anyhow::bail!(
+            "op `attention_kv_cache` is not supported by backend `{}`; generate with --no-kv-cache \
+             (full recompute) or use a backend that implements it (cpu)",
+            self.name()
+        )
+    }
 
     // ---- embeddings and loss (vocab-parallel pieces, SPEC §5.2/§5.4) -----------------------
     /// `out[i] (+)= table[ids[i] - row_start]`, zero for ids outside

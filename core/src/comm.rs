@@ -55,9 +55,17 @@ pub trait Communicator: Send + Sync {
     ) -> Result<()>;
     /// `root` is a global rank.
     fn broadcast(&self, group: &Group, t: &mut DeviceTensor, root: usize) -> Result<()>;
+    /// Point to point: `dst` is a global rank of `group`. Implementations may buffer (the
+    /// `local` communicator returns at once), so a send never waits for the matching recv.
     fn send(&self, group: &Group, t: &DeviceTensor, dst: usize) -> Result<()>;
+    /// Receives the next tensor `src` (a global rank of `group`) sent to this rank on `group`;
+    /// its shape and dtype must match `t`.
     fn recv(&self, group: &Group, t: &mut DeviceTensor, src: usize) -> Result<()>;
     fn barrier(&self, group: &Group) -> Result<()>;
+    /// Fails every pending and future call of every rank of this world with `reason` (a rank
+    /// that errored or panicked calls it so its peers stop waiting instead of timing out).
+    /// A no-op where there is nothing to release.
+    fn abort(&self, _reason: &str) {}
 }
 
 /// The communicator of a world of one rank: every collective is the identity.

@@ -10,22 +10,25 @@ pub mod backend;
 pub mod comm;
 pub mod data;
 pub mod dtype;
+pub mod guarded_model;
 pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod parallel;
+pub mod plugin_export;
+pub mod plugin_loader;
 pub mod registry;
 pub mod schedule;
 pub mod tensor;
 
-pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, RotarySpec};
+pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSpec, RotarySpec};
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
 pub use dtype::DType;
 pub use metrics::MetricsSink;
-pub use model::{Batch, LossReport, Mode, Model, Param, ParamLayout};
+pub use model::{Batch, GradsReadyHook, LossReport, Mode, Model, Param, ParamLayout, StageOutput};
 pub use optim::{LrSchedule, Optimizer, OptimizerState};
-pub use parallel::{ParallelContext, ParallelStrategy, RankGrid};
+pub use parallel::{GradSync, ParallelContext, ParallelStrategy, RankGrid};
 pub use registry::{Factory, Plugin, PluginCrate, PluginKind, Registry};
 pub use schedule::Schedule;
 pub use tensor::{DeviceStorage, DeviceTensor, HostBuffer, Storage};
@@ -40,5 +43,5 @@ pub use half;
 pub use inventory;
 pub use serde_json;
 
-/// The version string dynamic plugins must match.
+/// The megatron-core version (one field of the build tag dynamic plugins must match).
 pub const CORE_VERSION: &str = env!("CARGO_PKG_VERSION");

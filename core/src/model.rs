@@ -1,6 +1,13 @@
 //! The [`Model`] trait, its parameters ([`Param`] with their parallel layout) and batches.
+//!
+//! A model object is one pipeline stage of the whole model (all of it when pp = 1). Schedules
+//! drive it through the stage API ([`Model::forward_stage`] / [`Model::backward_stage`]), which
+//! hands `(B, T, C)` activations and their gradients from stage to stage and keeps several
+//! microbatches in flight; [`Model::forward`] / [`Model::backward`] are the single-stage,
+//! one-microbatch view of the same thing.
 
 use crate::{DeviceTensor, Result};
+use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
 /// One microbatch, `(b, s)` row-major, as the data loader hands it to the first stage.
@@ -45,12 +52,25 @@ pub struct ParamLayout {
     pub tp_size: usize,
     /// Weight decay multiplier 0 (biases and all 1-D params, SPEC §6.4).
     pub no_weight_decay: bool,
+    /// This tensor is a copy of a parameter of the same name held by another pipeline stage
+    /// (the tied word embedding on the last stage, SPEC §4.5). Its gradient is made equal to
+    /// the original's by [`Model::finalize_grads`]; the gradient norm counts it once (on the
+    /// original) and checkpoints store it once (the original), loading it back by name.
+    #[serde(default)]
+    pub shared_copy: bool,
 }
 
 impl ParamLayout {
     /// A parameter held whole by every rank.
     pub fn replicated(shape: &[usize], no_weight_decay: bool) -> ParamLayout {
-        ParamLayout { global_shape: shape.to_vec(), tp_axis: None, tp_rank: 0, tp_size: 1, no_weight_decay }
+        ParamLayout {
+            global_shape: shape.to_vec(),
+            tp_axis: None,
+            tp_rank: 0,
+            tp_size: 1,
+            no_weight_decay,
+            shared_copy: false,
+        }
     }
 
     /// This shard's `(offset, length)` along every dim of the global tensor.
@@ -73,7 +93,36 @@ pub struct Param {
     pub layout: ParamLayout,
 }
 
+/// What one stage's forward of a microbatch produces.
+#[derive(Debug)]
+pub enum StageOutput {
+    /// `(B, T, C)` hidden states for the next stage (every stage but the last).
+    Hidden(DeviceTensor),
+    /// The loss sums of the microbatch (the last stage).
+    Loss(LossReport),
+}
+
+/// Called with parameters whose gradients are final for the backward call in progress.
+pub type GradsReadyHook<'a> = &'a mut dyn FnMut(&[&Param]) -> Result<()>;
+
 /// A model (one pipeline stage of it) with explicit forward and backward.
+///
+/// # Stage contract (pipeline parallelism, SPEC §5.5)
+/// * The first stage ([`Model::is_first_stage`], Megatron's `pre_process`) embeds the batch's
+///   tokens; every other stage takes the previous stage's `(B, T, C)` output as `input`.
+/// * The last stage ([`Model::is_last_stage`], `post_process`) returns the loss; the others
+///   return their `(B, T, C)` output for the next stage.
+/// * Several microbatches may be in flight (1F1B keeps up to `pp - stage` of them): what a
+///   training forward saves is keyed by the caller's `microbatch` id and freed by that
+///   microbatch's backward. Ids must be unique among the microbatches in flight.
+/// * `backward_stage` of the last stage starts from `d loss / d per_token_loss = grad_scale *
+///   loss_mask` (`grad_output` is `None`); other stages take `grad_output`, the gradient of
+///   their output `(B, T, C)` (what the next stage's backward returned). It returns the
+///   gradient of the stage input on every stage but the first (`None` there).
+/// * `on_grads_ready` is called once for every parameter of the stage per backward call,
+///   right after that parameter's gradient contribution of this microbatch has been
+///   accumulated, in backward order (output layer, last layer, ..., first layer, embedding),
+///   so a data-parallel reducer can start on those gradients while backward continues.
 pub trait Model: Send {
     /// Registered architecture name (`gpt`, ...).
     fn name(&self) -> &str;
@@ -89,6 +138,73 @@ pub trait Model: Send {
     fn params_mut(&mut self) -> Vec<&mut Param>;
     /// Sets every gradient to zero.
     fn zero_grad(&mut self) -> Result<()>;
-    /// Model FLOPs of one training iteration on `samples` sequences (SPEC §6.13).
+    /// Model FLOPs of one iteration on `samples` sequences (SPEC §6.13).
     fn flops_per_iteration(&self, samples: usize) -> f64;
+
+    /// Megatron's `pre_process`: this stage embeds tokens. Single-stage models: `true`.
+    fn is_first_stage(&self) -> bool {
+        true
+    }
+    /// Megatron's `post_process`: this stage computes the loss. Single-stage models: `true`.
+    fn is_last_stage(&self) -> bool {
+        true
+    }
+
+    /// A zero tensor of the shape (and on the backend) of the activations passed between
+    /// stages for `batch`, `(B, T, C)`: the receive buffer of a pipeline schedule.
+    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
+        bail!(
+            "model `{}` is a single pipeline stage and exchanges no activations (batch {}x{});              use --pipeline-model-parallel-size 1",
+            self.name(),
+            batch.micro_batch_size,
+            batch.seq_length
+        )
+    }
+
+    /// One stage's forward of microbatch `microbatch` (see the stage contract above). The
+    /// default serves single-stage models through [`Model::forward`] (one microbatch in flight).
+    fn forward_stage(
+        &mut self,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        if input.is_some() {
+            bail!(
+                "model `{}` is a single pipeline stage but got an input activation (microbatch {microbatch})",
+                self.name()
+            );
+        }
+        Ok(StageOutput::Loss(self.forward(batch, mode)?))
+    }
+
+    /// One stage's backward of microbatch `microbatch` (see the stage contract above). The
+    /// default serves single-stage models through [`Model::backward`], reporting every
+    /// parameter ready at the end.
+    fn backward_stage(
+        &mut self,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        if grad_output.is_some() {
+            bail!(
+                "model `{}` is a single pipeline stage but got an output gradient (microbatch {microbatch})",
+                self.name()
+            );
+        }
+        self.backward(grad_scale)?;
+        on_grads_ready(&self.params())?;
+        Ok(None)
+    }
+
+    /// Gradient finalize steps owned by the model (SPEC §5.10 step 3): all-reduces the
+    /// gradients of parameters held by several stages (the tied word embedding over the
+    /// embedding group). Collective over those stages; call once per step after the schedule
+    /// (and after or before the data-parallel reduction: both are sums, the order is free).
+    fn finalize_grads(&mut self) -> Result<()> {
+        Ok(())
+    }
 }

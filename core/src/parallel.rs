@@ -170,6 +170,32 @@ pub trait ParallelStrategy: Send + Sync {
     fn build_context(&self, comm: Arc<dyn Communicator>) -> Result<ParallelContext>;
     /// Reduces (averages per SPEC §5.6) parameter gradients over the data-parallel group.
     fn reduce_gradients(&self, params: &mut [&mut Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<()>;
+    /// The stateful gradient reducer of this rank for the parameters `params` of its model
+    /// (buckets, overlap with backward; SPEC §5.6), built once and used every step:
+    /// [`GradSync::grads_ready`] from the schedule's gradient hook, then [`GradSync::finish`].
+    /// `None` (the default): the strategy has none, call [`ParallelStrategy::reduce_gradients`].
+    fn grad_sync(
+        &self,
+        _params: &[&Param],
+        _backend: Arc<dyn Backend>,
+        _ctx: &ParallelContext,
+    ) -> Result<Option<Box<dyn GradSync>>> {
+        Ok(None)
+    }
+}
+
+/// Data-parallel gradient synchronization of one rank, reused every step (Megatron's DDP
+/// grad buffers and buckets). Afterwards every gradient holds the same value on all
+/// data-parallel replicas, as [`ParallelStrategy::reduce_gradients`] would leave it.
+pub trait GradSync: Send {
+    /// `params`' gradients are final for this step (called during the last microbatch's
+    /// backward, in backward order, each parameter at most once per step); a bucket whose
+    /// parameters are all final may start its reduction in the background.
+    fn grads_ready(&mut self, params: &[&Param]) -> Result<()>;
+    /// Reduces whatever was not started, waits for everything and writes the reduced
+    /// gradients back into `params` (all of the model's parameters); then resets for the
+    /// next step.
+    fn finish(&mut self, params: &mut [&mut Param], backend: &dyn Backend) -> Result<()>;
 }
 
 #[cfg(test)]

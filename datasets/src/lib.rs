@@ -1,14 +1,24 @@
 //! Datasets (SPEC §1, §2): Megatron's indexed `.bin`/`.idx` format ([`indexed`]), the
-//! `--split` arithmetic ([`split`]), the `gpt` dataset plugin ([`gpt`], Megatron's
-//! `GPTDataset` over one prefix) and the `mock` dataset plugin of random tokens ([`mock`]).
-//! Registered through this crate's single `inventory` record.
+//! `--split` arithmetic ([`split`]), blends ([`blend`], [`blended`]), the index cache
+//! ([`cache`], [`npy`], named by [`md5`] of a [`pyjson`] description), the `gpt` dataset
+//! plugin ([`gpt`], Megatron's `GPTDataset`) and the `mock` dataset plugin of random tokens
+//! ([`mock`]). Registered through this crate's single `inventory` record.
 
+pub mod blend;
+pub mod blended;
+pub mod cache;
 pub mod gpt;
 pub mod indexed;
+pub mod md5;
 pub mod mock;
+pub mod npy;
+pub mod pyjson;
 pub mod split;
 
-pub use gpt::{build_gpt_splits, GptDataset, GptDatasetConfig};
+pub use blend::Blend;
+pub use blended::{BlendSize, BlendedDataset};
+pub use cache::CacheStatus;
+pub use gpt::{build_gpt_splits, CachePolicy, GptBuilder, GptDataset, GptDatasetConfig, TokenizerDescription};
 pub use indexed::{IndexedDataset, IndexedDatasetBuilder, TokenDType};
 pub use mock::{build_mock_splits, MockDataset, MockDatasetConfig};
 
@@ -31,7 +41,8 @@ pub fn plugins() -> Vec<Plugin> {
         Plugin {
             name: gpt::plugin::NAME,
             description:
-                "GPT samples from one Megatron .bin/.idx prefix (data_path, split, seq_length, seed, num_samples)",
+                "GPT samples from Megatron .bin/.idx prefixes, blended, cached (data_path, train/valid/test_data_path, \
+                 split, seq_length, seed, num_samples, data_cache_path, mid_level_dataset_surplus, tokenizer)",
             factory: Factory::Dataset(build_gpt),
         },
         Plugin {

@@ -1,12 +1,14 @@
 //! The `--split` string (SPEC §2.2): parsing, normalisation and the element ranges of the
 //! train/valid/test splits, with Megatron's exact float arithmetic and Python `round`.
 
+use crate::pyjson::PyValue;
 use anyhow::{anyhow, bail};
 use megatron_core::Result;
 use std::ops::Range;
 
-/// Megatron's default when `--data-path` is given without `--split`.
-pub const DEFAULT_SPLIT: &str = "969,30,1";
+/// Megatron's default when `--data-path` is given without `--split` (the legacy value, with
+/// its spaces: the string is part of the dataset description and so of the cache file names).
+pub const DEFAULT_SPLIT: &str = "969, 30, 1";
 
 /// Split names in order.
 pub const SPLIT_NAMES: [&str; 3] = ["train", "valid", "test"];
@@ -37,12 +39,30 @@ pub fn parse_split(split: &str) -> Result<[f64; 3]> {
     Ok([numbers[0] / total, numbers[1] / total, numbers[2] / total])
 }
 
-/// The `(start, end)` fractions of each split (`convert_split_vector_to_split_matrix`); a
-/// split of zero width is `None` (not built).
+/// The `(start, end)` fractions of each split (`convert_split_vector_to_split_matrix`): the
+/// bookends of the running sums `[0, a, a+b, a+b+c]` (so the last end is `a+b+c`, which may
+/// differ from 1 in the last bit); a split of zero width is `None` (not built).
 pub fn split_bookends(weights: [f64; 3]) -> [Option<(f64, f64)>; 3] {
-    let [a, b, _] = weights;
-    let bookends = [(0.0, a), (a, a + b), (a + b, 1.0)];
-    bookends.map(|(lo, hi)| if hi - lo == 0.0 { None } else { Some((lo, hi)) })
+    let [a, b, c] = weights;
+    let ends = [0.0, a, a + b, a + b + c];
+    [0, 1, 2].map(|k| if ends[k + 1] <= ends[k] { None } else { Some((ends[k], ends[k + 1])) })
+}
+
+/// The split matrix as Python holds it in the dataset description: `[[0, a], [a, a+b], ...]`
+/// with the very first bound the integer `0`, `null` for an empty split.
+pub fn split_matrix_value(bookends: &[Option<(f64, f64)>; 3]) -> PyValue {
+    PyValue::List(
+        bookends
+            .iter()
+            .enumerate()
+            .map(|(k, b)| {
+                PyValue::opt(*b, |(lo, hi)| {
+                    let lo = if k == 0 { PyValue::Int(0) } else { PyValue::Float(lo) };
+                    PyValue::List(vec![lo, PyValue::Float(hi)])
+                })
+            })
+            .collect(),
+    )
 }
 
 /// The element indices `[round(start*N), round(end*N))` of each split over `n` elements
@@ -67,8 +87,8 @@ mod tests {
     fn default_split_of_1000_matches_the_spec() -> Result<()> {
         let r = split_ranges(DEFAULT_SPLIT, 1000)?;
         assert_eq!(r, [Some(0..969), Some(969..999), Some(999..1000)]);
-        // Spaces (the legacy "969, 30, 1") and decimals are accepted.
-        assert_eq!(split_ranges("969, 30, 1", 1000)?, r);
+        // With or without the legacy spaces, and decimals are accepted.
+        assert_eq!(split_ranges("969,30,1", 1000)?, r);
         assert_eq!(parse_split("0.5,0.25,0.25")?, [0.5, 0.25, 0.25]);
         Ok(())
     }
@@ -83,6 +103,20 @@ mod tests {
         assert_eq!(split_ranges("1,1", 7)?, [Some(0..4), Some(4..7), None]);
         // A split may be non-zero in weight but empty after rounding.
         assert_eq!(split_ranges("969,30,1", 10)?[2], Some(10..10));
+        Ok(())
+    }
+
+    #[test]
+    fn split_matrix_prints_as_python_holds_it() -> Result<()> {
+        let m = split_bookends(parse_split(DEFAULT_SPLIT)?);
+        let text = split_matrix_value(&m).dumps_indent4();
+        let compact: String = text.split_whitespace().collect();
+        assert_eq!(compact, "[[0,0.969],[0.969,0.999],[0.999,1.0]]");
+        let m = split_bookends(parse_split("0,1")?);
+        assert_eq!(
+            split_matrix_value(&m).dumps_indent4().split_whitespace().collect::<String>(),
+            "[null,[0.0,1.0],null]"
+        );
         Ok(())
     }
 

@@ -114,9 +114,11 @@ fn plugin_splits_are_deterministic_and_seeded() -> anyhow::Result<()> {
     let valid = a.valid.as_ref().map(all).transpose()?.unwrap_or_default();
     assert!(valid.iter().flat_map(|s| s.tokens.iter()).all(|&t| t >= 4000));
 
-    let blend = json!({ "data_path": ["0.3 A 0.7 B"], "seq_length": 6, "num_samples": [1, 1, 1] });
-    let err = reg.dataset("gpt", blend, &env).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(err.contains("not yet supported"), "{err}");
+    // A blend of missing prefixes fails naming the first missing file.
+    let blend =
+        json!({ "data_path": ["0.3 /nonexistent/A 0.7 /nonexistent/B"], "seq_length": 6, "num_samples": [1, 1, 1] });
+    let err = reg.dataset("gpt", blend, &env).err().map(|e| format!("{e:#}")).unwrap_or_default();
+    assert!(err.contains("/nonexistent/A.idx"), "{err}");
     let unknown = json!({ "data_path": ["x"], "seq_length": 6, "num_samples": [1, 1, 1], "seq_len": 3 });
     let err = reg.dataset("gpt", unknown, &env).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("unknown field"), "{err}");

@@ -1,7 +1,10 @@
 //! A [`Backend`] decorator that times every op (synchronising after each) to give the per-op
 //! profile of `megatron bench`. It adds one `synchronize` per op, which is free on the CPU.
 
-use megatron_core::{AdamStep, AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer, Result, RotarySpec};
+use megatron_core::{
+    AdamStep, AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer, KvCacheAttentionSpec, Result,
+    RotarySpec,
+};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -150,6 +153,17 @@ impl Backend for ProfilingBackend {
     }
     fn attention_forward(&self, qkv: &T, out: &mut T, lse: &mut T, spec: AttentionSpec) -> Result<()> {
         self.timed("attention_forward", |b| b.attention_forward(qkv, out, lse, spec))
+    }
+    fn attention_kv_cache(
+        &self,
+        qkv: &T,
+        k_cache: &mut T,
+        v_cache: &mut T,
+        key_start: Option<&T>,
+        out: &mut T,
+        spec: KvCacheAttentionSpec,
+    ) -> Result<()> {
+        self.timed("attention_kv_cache", |b| b.attention_kv_cache(qkv, k_cache, v_cache, key_start, out, spec))
     }
     fn attention_backward(
         &self,

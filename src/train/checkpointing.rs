@@ -75,12 +75,14 @@ impl Trainer {
             &self.ctx,
         )
         .with_context(|| format!("saving checkpoint at iteration {} to {}", self.state.iteration, dir.display()))?;
-        println!(
-            "  successfully saved checkpoint at iteration {:7} to {} [ t {:.2}s ]",
-            self.state.iteration,
-            path.display(),
-            t.elapsed().as_secs_f64()
-        );
+        if self.is_rank0() {
+            println!(
+                "  successfully saved checkpoint at iteration {:7} to {} [ t {:.2}s ]",
+                self.state.iteration,
+                path.display(),
+                t.elapsed().as_secs_f64()
+            );
+        }
         Ok(())
     }
 
@@ -145,7 +147,9 @@ impl Trainer {
                 meta.rng["seed"], a.seed
             );
         }
-        println!(" successfully loaded checkpoint from {} at iteration {}", dir.display(), ckpt.iteration());
+        if self.is_rank0() {
+            println!(" successfully loaded checkpoint from {} at iteration {}", dir.display(), ckpt.iteration());
+        }
         Ok(())
     }
 }

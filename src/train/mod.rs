@@ -3,20 +3,25 @@
 //! evaluation, checkpoint cadence and exit conditions (SPEC §6.2, §6.12).
 
 mod checkpointing;
+pub mod comm_timing;
 pub mod data;
 pub mod log;
+mod multi_rank;
 mod setup;
 mod step;
 
 use crate::config::TrainConfig;
 use anyhow::Result;
 use data::DataCursor;
-use megatron_core::{Backend, LrSchedule, MetricsSink, Model, Optimizer, ParallelContext, ParallelStrategy, Schedule};
+use megatron_core::{
+    Backend, GradSync, LrSchedule, MetricsSink, Model, Optimizer, ParallelContext, ParallelStrategy, ReduceOp, Schedule,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use setup::build_trainer;
+pub use multi_rank::run_ranks;
+pub use setup::{build_trainer, build_trainer_with_comm};
 
 /// Counters that a checkpoint restores.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -40,6 +45,9 @@ pub struct Trainer {
     pub optimizer: Box<dyn Optimizer>,
     pub lr_schedule: Box<dyn LrSchedule>,
     pub schedule: Box<dyn Schedule>,
+    /// The strategy's data-parallel gradient reducer (buckets, overlap); `None`: the
+    /// strategy's `reduce_gradients` after backward.
+    pub grad_sync: Option<Box<dyn GradSync>>,
     pub train: Option<DataCursor>,
     pub valid: Option<DataCursor>,
     pub test: Option<DataCursor>,
@@ -55,6 +63,8 @@ pub struct Trainer {
 pub struct TrainSummary {
     /// `(iteration, lm loss)` of every iteration run by this process.
     pub losses: Vec<(u64, f64)>,
+    /// `(iteration, gradient norm)` of every iteration run by this process.
+    pub grad_norms: Vec<(u64, f64)>,
     /// `(iteration, validation loss)` of every evaluation.
     pub valid_losses: Vec<(u64, f64)>,
     pub final_iteration: u64,
@@ -65,6 +75,18 @@ pub struct TrainSummary {
 impl Trainer {
     fn is_logging_rank(&self) -> bool {
         self.ctx.rank + 1 == self.ctx.world_size()
+    }
+
+    /// Megatron's `print_rank_0` messages (checkpointing, exit reasons).
+    fn is_rank0(&self) -> bool {
+        self.ctx.rank == 0
+    }
+
+    /// Whether any rank was signalled or ran over time: every rank must stop together.
+    fn agree_to_stop(&self, signalled: bool, over_time: bool) -> Result<(bool, bool)> {
+        let mut flags = [f64::from(u8::from(signalled)), f64::from(u8::from(over_time))];
+        self.ctx.comm.all_reduce_f64(&self.ctx.world_group, &mut flags, ReduceOp::Max)?;
+        Ok((flags[0] > 0.0, flags[1] > 0.0))
     }
 
     fn emit(&mut self, tag: &str, value: f64) -> Result<()> {
@@ -103,6 +125,7 @@ impl Trainer {
                 last_norm = Some(step.grad_norm);
             }
             summary.losses.push((self.state.iteration, step.loss));
+            summary.grad_norms.push((self.state.iteration, step.grad_norm));
             let it = self.state.iteration;
             if self.is_logging_rank() {
                 self.emit("lm loss", step.loss)?;
@@ -154,6 +177,7 @@ impl Trainer {
                 }
             }
             let over_time = args.exit_duration_in_mins.is_some_and(|m| start_time.elapsed().as_secs_f64() > m * 60.0);
+            let (signalled, over_time) = self.agree_to_stop(signalled, over_time)?;
             let at_exit_interval = args.exit_interval.is_some_and(|n| n > 0 && it.is_multiple_of(n));
             if signalled || over_time || at_exit_interval {
                 progress.clear();
@@ -168,7 +192,9 @@ impl Trainer {
                 } else {
                     "--exit-interval"
                 };
-                println!("exiting after iteration {it} because of {why}");
+                if self.is_rank0() {
+                    println!("exiting after iteration {it} because of {why}");
+                }
                 summary.stopped_by_signal = signalled;
                 summary.final_iteration = it;
                 summary.saved.extend(last_saved);

@@ -6,24 +6,38 @@ use super::{data::DataCursor, TrainState, Trainer};
 use crate::config::TrainConfig;
 use anyhow::{Context, Result};
 use megatron_core::registry::{DatasetEnv, ModelEnv};
-use megatron_core::{MetricsSink, Registry};
+use megatron_core::{Communicator, MetricsSink, Registry};
 use serde_json::json;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+/// The trainer of a one-rank world (the `single` communicator).
 pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool>) -> Result<Trainer> {
-    let a = &cfg.args;
-    let backend = registry.backend(&a.backend, json!({ "threads": a.threads })).context("building the backend")?;
     let comm = registry
-        .communicators("single", json!({}), cfg.world_size)?
+        .communicators("single", json!({}), 1)?
         .into_iter()
         .next()
         .context("the communicator plugin returned no endpoint")?;
+    build_trainer_with_comm(cfg, registry, stop, comm)
+}
+
+/// The trainer of the rank `comm` is the endpoint of (src/train/multi_rank.rs builds one per
+/// thread).
+pub fn build_trainer_with_comm(
+    cfg: TrainConfig,
+    registry: &Registry,
+    stop: Arc<AtomicBool>,
+    comm: Arc<dyn Communicator>,
+) -> Result<Trainer> {
+    let a = &cfg.args;
+    let backend = registry.backend(&a.backend, json!({ "threads": a.threads })).context("building the backend")?;
     let strategy = registry.strategy(
         "megatron",
         json!({
             "tensor_model_parallel_size": a.tensor_model_parallel_size,
             "pipeline_model_parallel_size": a.pipeline_model_parallel_size,
+            "ddp_bucket_size": a.ddp_bucket_size,
+            "overlap_grad_reduce": a.overlap_grad_reduce,
         }),
     )?;
     let ctx = strategy.build_context(comm)?;
@@ -41,27 +55,51 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
         (None, None) => anyhow::bail!("--mock-data without --tokenizer-type needs --vocab-size"),
     };
     let padded = cfg.padded_vocab(vocab_size);
-    println!(" > padded vocab (size: {vocab_size}) with {} dummy tokens (new size: {padded})", padded - vocab_size);
+    if ctx.rank == 0 {
+        println!(" > padded vocab (size: {vocab_size}) with {} dummy tokens (new size: {padded})", padded - vocab_size);
+    }
     let tokenizer_fingerprint =
         tokenizer.as_ref().map(|t| t.fingerprint()).unwrap_or_else(|| format!("vocab:{vocab_size}"));
 
+    // The tokenizer as Megatron describes it: part of the dataset cache hash (SPEC §2.5).
+    #[cfg(feature = "datasets")]
+    let tokenizer_description = cfg.tokenizer_type.as_deref().and_then(|t| {
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
+        let (vocab, merge) = (path(&a.vocab_file), path(&a.merge_file));
+        megatron_datasets::TokenizerDescription::for_megatron_type(t, vocab.as_deref(), merge.as_deref(), a.vocab_size)
+    });
+    #[cfg(not(feature = "datasets"))]
+    let tokenizer_description: Option<()> = None;
     let [n_train, n_valid, n_test] = cfg.split_samples;
+    // Megatron builds dataset indices on rank 0 first (it writes the cache), then the rest.
+    let rank0_first = ctx.world_size() > 1;
+    if rank0_first && ctx.rank != 0 {
+        wait_for_rank0(&ctx, true)?;
+    }
     let splits = if a.mock_data {
         registry.dataset(
             "mock",
             json!({ "seq_length": a.seq_length, "vocab_size": vocab_size, "seed": a.seed,
                     "num_samples": [n_train, n_valid, n_test] }),
             &DatasetEnv { tokenizer: tokenizer.clone() },
-        )?
+        )
     } else {
         registry.dataset(
             "gpt",
-            json!({ "data_path": a.data_path, "split": a.split.clone().unwrap_or_else(|| "969,30,1".into()),
+            json!({ "data_path": a.data_path, "split": a.split,
+                    "train_data_path": a.train_data_path, "valid_data_path": a.valid_data_path,
+                    "test_data_path": a.test_data_path, "data_cache_path": a.data_cache_path,
+                    "mid_level_dataset_surplus": a.mid_level_dataset_surplus,
+                    "tokenizer": tokenizer_description,
                     "seq_length": a.seq_length, "seed": a.seed, "num_samples": [n_train, n_valid, n_test],
                     "eod_token": tokenizer.as_ref().and_then(|t| t.special_ids().eod) }),
             &DatasetEnv { tokenizer: tokenizer.clone() },
-        )?
+        )
     };
+    if rank0_first && ctx.rank == 0 {
+        wait_for_rank0(&ctx, splits.is_ok())?;
+    }
+    let splits = splits?;
     let (mbs, dp, dp_rank) = (a.micro_batch_size, ctx.dp_size(), ctx.dp_rank);
     let cursor =
         |d: Option<Arc<dyn megatron_core::Dataset>>, name| d.map(|d| DataCursor::new(d, name, mbs, dp, dp_rank));
@@ -80,7 +118,9 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
     };
     let lr_config = megatron_optim::lr_schedule_config_from_flags(&super::checkpointing::lr_flags(&cfg))?;
     let lr_schedule = registry.lr_schedule("megatron", serde_json::to_value(lr_config)?)?;
-    let schedule = registry.schedule("no-pipelining", json!({}))?;
+    // Pipelined runs need a schedule that moves activations between stages (SPEC §5.5).
+    let schedule = registry.schedule(if ctx.pp_size() > 1 { "1f1b" } else { "no-pipelining" }, json!({}))?;
+    let grad_sync = strategy.grad_sync(&model.params(), backend.clone(), &ctx)?;
 
     let mut sinks: Vec<Box<dyn MetricsSink>> = Vec::new();
     if let Some(dir) = &a.tensorboard_dir {
@@ -101,6 +141,7 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
         optimizer,
         lr_schedule,
         schedule,
+        grad_sync,
         sinks,
         state: TrainState::default(),
         tokenizer_fingerprint,
@@ -108,4 +149,13 @@ pub fn build_trainer(cfg: TrainConfig, registry: &Registry, stop: Arc<AtomicBool
     };
     trainer.maybe_load()?;
     Ok(trainer)
+}
+
+/// The world barrier between rank 0 building the datasets and the others: rank 0 reports
+/// whether it succeeded, and the others fail (instead of waiting forever) when it did not.
+fn wait_for_rank0(ctx: &megatron_core::ParallelContext, ok: bool) -> Result<()> {
+    let mut failed = [if ok { 0.0 } else { 1.0 }];
+    ctx.comm.all_reduce_f64(&ctx.world_group, &mut failed, megatron_core::ReduceOp::Max)?;
+    anyhow::ensure!(failed[0] == 0.0 || ctx.rank == 0, "rank 0 failed to build the datasets (see its error)");
+    Ok(())
 }

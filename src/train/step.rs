@@ -3,7 +3,7 @@
 use super::data::{microbatch_seed, DataCursor};
 use super::Trainer;
 use anyhow::Result;
-use megatron_core::{LossReport, ReduceOp};
+use megatron_core::{LossReport, Param, ReduceOp};
 
 /// The outcome of one iteration.
 pub struct StepResult {
@@ -16,7 +16,9 @@ pub struct StepResult {
     pub lr: f64,
 }
 
-/// `Σ loss_sum / Σ num_tokens`, reduced over data-parallel ranks.
+/// `Σ loss_sum / Σ num_tokens`, reduced over data-parallel ranks. Only the last pipeline
+/// stage has reports; with pp > 1 the sums are also added over the pipeline group (the other
+/// stages contribute zeros), so every rank knows the loss and skips a NaN step together.
 pub fn global_mean(reports: &[LossReport], trainer: &Trainer) -> Result<f64> {
     let mut sums = [0.0f64; 2];
     for r in reports {
@@ -25,6 +27,9 @@ pub fn global_mean(reports: &[LossReport], trainer: &Trainer) -> Result<f64> {
     }
     let ctx = &trainer.ctx;
     ctx.comm.all_reduce_f64(&ctx.dp_group, &mut sums, ReduceOp::Sum)?;
+    if ctx.pp_size() > 1 {
+        ctx.comm.all_reduce_f64(&ctx.pp_group, &mut sums, ReduceOp::Sum)?;
+    }
     Ok(sums[0] / sums[1].max(1.0))
 }
 
@@ -43,12 +48,31 @@ impl Trainer {
             next += 1;
             b
         };
-        let reports = self.schedule.run(self.model.as_mut(), &mut next_batch, m, false, &self.ctx)?;
-        let loss = global_mean(&reports, self)?;
+        // The schedule reports gradients final in the last microbatch's backward; the DDP
+        // reducer starts their buckets then (with --overlap-grad-reduce).
+        let sync = &mut self.grad_sync;
+        let mut on_grads_ready = |ps: &[&Param]| match sync.as_mut() {
+            Some(s) => s.grads_ready(ps),
+            None => Ok(()),
+        };
+        let reports = self.schedule.run_with_grad_hook(
+            self.model.as_mut(),
+            &mut next_batch,
+            m,
+            false,
+            &self.ctx,
+            &mut on_grads_ready,
+        )?;
+        // SPEC §5.10: data-parallel sync, then the embedding-group reduction of tied copies.
         {
             let mut params = self.model.params_mut();
-            self.strategy.reduce_gradients(&mut params, self.backend.as_ref(), &self.ctx)?;
+            match self.grad_sync.as_mut() {
+                Some(s) => s.finish(&mut params, self.backend.as_ref())?,
+                None => self.strategy.reduce_gradients(&mut params, self.backend.as_ref(), &self.ctx)?,
+            }
         }
+        self.model.finalize_grads()?;
+        let loss = global_mean(&reports, self)?;
         let grad_norm = {
             let mut params = self.model.params_mut();
             megatron_optim::clip_grad_norm(&mut params, self.cfg.args.clip_grad, self.backend.as_ref(), &self.ctx)?

@@ -3,6 +3,7 @@
 //! literal `<|endoftext|>` in text is tokenized as text, like Megatron's `tokenize`);
 //! [`Gpt2BpeTokenizer::encode_with_special`] maps it to the eod id instead.
 
+use crate::bpe::BytePairModel;
 use crate::byte_unicode::{byte_to_char_table, char_to_byte_table};
 use crate::fingerprint::fnv1a64;
 use crate::pretokenize;
@@ -11,14 +12,11 @@ use megatron_core::{Result, SpecialIds, Tokenizer};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 /// The `--tokenizer-type` name.
 pub const NAME: &str = "GPT2BPETokenizer";
 /// GPT-2's end-of-document token.
 pub const EOD_TOKEN: &str = "<|endoftext|>";
-/// Pre-tokens cached before the cache is cleared (bounds memory on huge corpora).
-const CACHE_CAPACITY: usize = 1 << 18;
 
 /// Config of the `GPT2BPETokenizer` plugin (Megatron's `--vocab-file`, `--merge-file`).
 #[derive(Clone, Debug, Deserialize)]
@@ -34,13 +32,10 @@ pub struct Gpt2BpeTokenizer {
     encoder: HashMap<String, u32>,
     /// id → the raw bytes the token stands for.
     decoder: Vec<Vec<u8>>,
-    /// `(left id, right id)` → `(merge rank, merged id)`.
-    merges: HashMap<(u32, u32), (u32, u32)>,
-    /// byte → id of its single-character token.
-    byte_ids: [u32; 256],
+    /// Merge ranks, byte ids and the pre-token cache.
+    model: BytePairModel,
     eod: u32,
     fingerprint: String,
-    cache: Mutex<HashMap<String, Vec<u32>>>,
 }
 
 fn read_file(path: &Path, what: &str) -> Result<String> {
@@ -109,7 +104,8 @@ impl Gpt2BpeTokenizer {
         let eod = *encoder
             .get(EOD_TOKEN)
             .ok_or_else(|| anyhow!("GPT-2 vocab file `{vf}` has no `{EOD_TOKEN}` token (the eod)"))?;
-        Ok(Gpt2BpeTokenizer { encoder, decoder, merges, byte_ids, eod, fingerprint, cache: Mutex::new(HashMap::new()) })
+        let model = BytePairModel::new(byte_ids, &merges);
+        Ok(Gpt2BpeTokenizer { encoder, decoder, model, eod, fingerprint })
     }
 
     /// The id of a token string (in byte-mapped characters, e.g. `"Ġthe"`).
@@ -117,52 +113,15 @@ impl Gpt2BpeTokenizer {
         self.encoder.get(token).copied()
     }
 
-    /// Applies the merges to one pre-token, lowest rank first, merging every non-overlapping
-    /// occurrence left to right (exactly OpenAI's `bpe()`).
-    fn bpe(&self, piece: &str) -> Vec<u32> {
-        let mut word: Vec<u32> = piece.bytes().map(|b| self.byte_ids[b as usize]).collect();
-        while word.len() > 1 {
-            let best = word
-                .windows(2)
-                .filter_map(|w| self.merges.get(&(w[0], w[1])).map(|&(rank, merged)| (rank, w[0], w[1], merged)))
-                .min_by_key(|&(rank, ..)| rank);
-            let Some((_, left, right, merged)) = best else { break };
-            let mut next = Vec::with_capacity(word.len());
-            let mut i = 0;
-            while i < word.len() {
-                if i + 1 < word.len() && word[i] == left && word[i + 1] == right {
-                    next.push(merged);
-                    i += 2;
-                } else {
-                    next.push(word[i]);
-                    i += 1;
-                }
-            }
-            word = next;
-        }
-        word
-    }
-
-    fn encode_piece(&self, piece: &str, out: &mut Vec<u32>) {
-        // A poisoned lock only means another thread panicked mid-insert; the map is still valid.
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(ids) = cache.get(piece) {
-            out.extend_from_slice(ids);
-            return;
-        }
-        let ids = self.bpe(piece);
-        out.extend_from_slice(&ids);
-        if cache.len() >= CACHE_CAPACITY {
-            cache.clear();
-        }
-        cache.insert(piece.to_string(), ids);
+    /// GPT-2's ordinary encoding of `text`, appended to `ids`.
+    fn encode_into(&self, text: &str, ids: &mut Vec<u32>) {
+        pretokenize::for_each_piece(text, |piece| self.model.encode_piece(piece.as_bytes(), ids));
     }
 
     fn encode_ordinary(&self, text: &str) -> Vec<u32> {
+        // ~4.5 bytes per token on English text; over-reserving is cheaper than regrowing.
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
-        for piece in pretokenize::split(text) {
-            self.encode_piece(piece, &mut ids);
-        }
+        self.encode_into(text, &mut ids);
         ids
     }
 
@@ -174,21 +133,17 @@ impl Gpt2BpeTokenizer {
             if k > 0 {
                 ids.push(self.eod);
             }
-            ids.extend(self.encode_ordinary(chunk));
+            self.encode_into(chunk, &mut ids);
         }
         ids
     }
 }
 
-/// Parses `merges.txt`: an optional `#version` header, then one `left right` pair per line.
-fn parse_merges(
-    text: &str,
-    merge_file: &Path,
-    encoder: &HashMap<String, u32>,
-) -> Result<HashMap<(u32, u32), (u32, u32)>> {
+/// Parses `merges.txt`: an optional `#version` header, then one `left right` pair per line;
+/// returns `(left id, right id, merged id)` in rank order.
+fn parse_merges(text: &str, merge_file: &Path, encoder: &HashMap<String, u32>) -> Result<Vec<(u32, u32, u32)>> {
     let mf = merge_file.display();
-    let mut merges = HashMap::new();
-    let mut rank = 0u32;
+    let mut merges = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if (n == 0 && line.starts_with("#version")) || line.is_empty() {
             continue;
@@ -204,9 +159,7 @@ fn parse_merges(
             })
         };
         let merged = format!("{left}{right}");
-        // Like Python's `dict(zip(merges, range(...)))`, a repeated pair keeps its last rank.
-        merges.insert((id(left)?, id(right)?), (rank, id(&merged)?));
-        rank += 1;
+        merges.push((id(left)?, id(right)?, id(&merged)?));
     }
     Ok(merges)
 }

@@ -2,91 +2,108 @@
 //! exactly like the pattern
 //! `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 //! (alternatives tried in order at each position, leftmost-first like Python's `regex` and
-//! tiktoken's `fancy-regex`).
+//! tiktoken's `fancy-regex`). The character classes are exact (see [`crate::unicode_class`]).
 //!
-//! Character classes: `\s` is Unicode `White_Space` = [`char::is_whitespace`] and `\p{N}` is
-//! Nd+Nl+No = [`char::is_numeric`], both exact. `\p{L}` is approximated by
-//! `is_alphabetic() && !is_numeric()`: that is `L` plus the `Other_Alphabetic` characters
-//! (mostly combining vowel signs of Indic/Arabic/Hebrew scripts and circled letters), which the
-//! real pattern treats as "other". Text without such characters splits identically.
+//! It scans bytes, with a table lookup per ASCII byte and a general-category lookup only for
+//! non-ASCII chars, and hands out `&str` slices of the input: no allocation per piece.
 
-/// `\p{L}` (approximation, see the module doc).
-pub fn is_letter(c: char) -> bool {
-    c.is_alphabetic() && !c.is_numeric()
-}
+use crate::unicode_class::{gpt2_ascii_class, gpt2_class, LETTER, NUMBER, OTHER, SPACE};
 
-/// `\p{N}`.
-pub fn is_number(c: char) -> bool {
-    c.is_numeric()
-}
-
-/// `\s`.
-pub fn is_space(c: char) -> bool {
-    c.is_whitespace()
-}
-
-/// `[^\s\p{L}\p{N}]`.
-fn is_other(c: char) -> bool {
-    !is_space(c) && !is_letter(c) && !is_number(c)
-}
-
-/// The length in chars of a contraction (`'s 't 're 've 'm 'll 'd`) starting at `chars[i]`.
-fn contraction_len(chars: &[char], i: usize) -> Option<usize> {
-    if chars[i] != '\'' {
-        return None;
+/// The class and UTF-8 length of the char starting at byte `i` (a char boundary).
+#[inline]
+fn class_at(text: &str, i: usize) -> (u8, usize) {
+    let b = text.as_bytes()[i];
+    if b < 0x80 {
+        return (gpt2_ascii_class(b), 1);
     }
-    let next = chars.get(i + 1).copied();
-    let after = chars.get(i + 2).copied();
-    match (next, after) {
-        (Some('s' | 't' | 'm' | 'd'), _) => Some(2),
-        (Some('r' | 'v'), Some('e')) | (Some('l'), Some('l')) => Some(3),
-        _ => None,
-    }
+    // `i` is a char boundary inside `text`, so there is a char here.
+    let c = text[i..].chars().next().unwrap_or('\u{fffd}');
+    (gpt2_class(c), c.len_utf8())
 }
 
-/// Index just past the run of chars satisfying `class` that starts at `i`.
-fn run_end(chars: &[char], mut i: usize, class: fn(char) -> bool) -> usize {
-    while i < chars.len() && class(chars[i]) {
-        i += 1;
+/// Byte index just past the run of chars of class `class` starting at byte `i`.
+#[inline]
+fn run_end(text: &str, mut i: usize, class: u8) -> usize {
+    let bytes = text.as_bytes();
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b < 0x80 {
+            if gpt2_ascii_class(b) != class {
+                break;
+            }
+            i += 1;
+        } else {
+            let (c, len) = class_at(text, i);
+            if c != class {
+                break;
+            }
+            i += len;
+        }
     }
     i
 }
 
-/// The char range `[i, end)` of the pre-token that starts at char `i`.
-fn next_piece(chars: &[char], i: usize) -> usize {
-    if let Some(len) = contraction_len(chars, i) {
+/// The byte length of a contraction (`'s 't 're 've 'm 'll 'd`) starting at byte `i`.
+#[inline]
+fn contraction_len(bytes: &[u8], i: usize) -> Option<usize> {
+    if bytes[i] != b'\'' {
+        return None;
+    }
+    match (bytes.get(i + 1), bytes.get(i + 2)) {
+        (Some(b's' | b't' | b'm' | b'd'), _) => Some(2),
+        (Some(b'r' | b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => Some(3),
+        _ => None,
+    }
+}
+
+/// The byte index just past the pre-token that starts at byte `i`.
+#[inline]
+fn next_piece(text: &str, i: usize) -> usize {
+    let bytes = text.as_bytes();
+    if let Some(len) = contraction_len(bytes, i) {
         return i + len;
     }
     // ` ?\p{L}+ | ?\p{N}+ | ?[^\s\p{L}\p{N}]+`: the optional prefix is U+0020 only.
-    let body = if chars[i] == ' ' { i + 1 } else { i };
-    if let Some(&c) = chars.get(body) {
-        for class in [is_letter as fn(char) -> bool, is_number, is_other] {
-            if class(c) {
-                return run_end(chars, body, class);
-            }
+    let body = if bytes[i] == b' ' { i + 1 } else { i };
+    if body < bytes.len() {
+        let (class, len) = class_at(text, body);
+        if class & (LETTER | NUMBER | OTHER) != 0 {
+            return run_end(text, body + len, class);
         }
     }
-    // `\s+(?!\S)`: the whitespace run, minus its last char when a non-space follows (so that
-    // char can prefix the next word); `\s+` when that leaves nothing.
-    let end = run_end(chars, i, is_space);
-    if end == chars.len() || end - i == 1 {
+    // `\s+(?!\S)`: the whitespace run minus its last char when a non-space follows (that char
+    // may prefix the next word); plain `\s+` when that would leave nothing.
+    let end = run_end(text, i, SPACE);
+    if end == bytes.len() {
+        return end;
+    }
+    // Step back over the last char of the run (it may be multi-byte, e.g. U+3000).
+    let mut last = end - 1;
+    while !text.is_char_boundary(last) {
+        last -= 1;
+    }
+    if last == i {
         end
     } else {
-        end - 1
+        last
+    }
+}
+
+/// Calls `f` on each GPT-2 pre-token of `text`, in order; concatenated they give `text` back.
+#[inline]
+pub fn for_each_piece<'a>(text: &'a str, mut f: impl FnMut(&'a str)) {
+    let mut i = 0;
+    while i < text.len() {
+        let end = next_piece(text, i);
+        f(&text[i..end]);
+        i = end;
     }
 }
 
 /// Splits `text` into GPT-2 pre-tokens; concatenating them gives `text` back.
 pub fn split(text: &str) -> Vec<&str> {
-    let chars: Vec<char> = text.chars().collect();
-    let offsets: Vec<usize> = text.char_indices().map(|(o, _)| o).chain(std::iter::once(text.len())).collect();
     let mut pieces = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let end = next_piece(&chars, i);
-        pieces.push(&text[offsets[i]..offsets[end]]);
-        i = end;
-    }
+    for_each_piece(text, |p| pieces.push(p));
     pieces
 }
 
@@ -106,6 +123,11 @@ mod tests {
         assert_eq!(split("!'s"), ["!'", "s"]);
         assert_eq!(split("\n\nFirst"), ["\n", "\n", "First"]);
         assert_eq!(split("café 3.14"), ["café", " 3", ".", "14"]);
+        assert_eq!(split("a\u{3000}\u{3000}b"), ["a", "\u{3000}", "\u{3000}", "b"]);
+        assert_eq!(split("x ½²"), ["x", " ½²"]);
+        // Combining marks and Mc vowel signs are "other", not letters.
+        assert_eq!(split("e\u{301}x"), ["e", "\u{301}", "x"]);
+        assert_eq!(split("का"), ["क", "ा"]);
         assert!(split("").is_empty());
     }
 

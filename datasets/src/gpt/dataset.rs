@@ -3,11 +3,16 @@
 //! tokens `shuffle_index[k]` of the split's (shuffled, epoch-tiled) token stream; tokens are
 //! its first `seq_length` ids, labels the last `seq_length`.
 
-use super::indices::{build_indices, GptIndices, IndexSpec};
+use super::cached::{load_or_build_indices, GptCacheKey};
+use super::description::GptDescription;
+use super::indices::{GptIndices, IndexSpec};
+use crate::cache::CacheStatus;
 use crate::indexed::IndexedDataset;
+use crate::pyjson::PyValue;
 use anyhow::{anyhow, Context};
 use megatron_core::{Dataset, Result, Sample};
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 /// Pad id used when a partial sample is right-padded (Megatron's `-1` when the tokenizer has
@@ -34,10 +39,24 @@ pub struct GptDataset {
     data: Arc<IndexedDataset>,
     seq_length: usize,
     indices: GptIndices,
+    description: Option<PyValue>,
+    cache_status: CacheStatus,
 }
 
 impl GptDataset {
+    /// Builds the split's indices in memory.
     pub fn new(data: Arc<IndexedDataset>, config: &GptSplitConfig) -> Result<GptDataset> {
+        GptDataset::build(data, config, None, None)
+    }
+
+    /// Builds the split, reading and writing its indices in `cache_dir` when both it and the
+    /// `description` (which names the files) are given.
+    pub fn build(
+        data: Arc<IndexedDataset>,
+        config: &GptSplitConfig,
+        description: Option<&GptDescription>,
+        cache_dir: Option<&Path>,
+    ) -> Result<GptDataset> {
         let name = format!("gpt:{}:{}", config.split_name, data.prefix().display());
         if config.sequences.end > data.len() {
             return Err(anyhow!("{name}: sequences {:?} exceed the dataset's {}", config.sequences, data.len()));
@@ -56,12 +75,42 @@ impl GptDataset {
             add_extra_token: true,
             drop_last_partial: config.drop_last_partial,
         };
-        let indices = build_indices(&spec).with_context(|| format!("building the sample indices of {name}"))?;
-        Ok(GptDataset { name, data, seq_length: config.seq_length, indices })
+        let text_hash = description.map(|d| d.text_and_hash());
+        let key = match (cache_dir, &text_hash) {
+            (Some(dir), Some((text, hash))) => {
+                Some(GptCacheKey { dir, base: format!("{hash}-GPTDataset-{}", config.split_name), description: text })
+            }
+            _ => None,
+        };
+        let (indices, cache_status) = load_or_build_indices(&spec, key.as_ref())
+            .with_context(|| format!("building the sample indices of {name}"))?;
+        Ok(GptDataset {
+            name,
+            data,
+            seq_length: config.seq_length,
+            indices,
+            description: description.map(|d| d.to_value()),
+            cache_status,
+        })
     }
 
     pub fn indices(&self) -> &GptIndices {
         &self.indices
+    }
+
+    /// Megatron's `unique_identifiers` (part of a blend's description); `None` when built
+    /// without a description.
+    pub fn description(&self) -> Option<&PyValue> {
+        self.description.as_ref()
+    }
+
+    /// Whether the indices came from the cache.
+    pub fn cache_status(&self) -> CacheStatus {
+        self.cache_status
+    }
+
+    pub fn data(&self) -> &Arc<IndexedDataset> {
+        &self.data
     }
 
     pub fn seq_length(&self) -> usize {

@@ -91,8 +91,20 @@ fn sample_index(sizes: &[i32], doc_idx: &[i32], s: i64, x: i64, n: usize) -> Vec
     rows
 }
 
-/// Builds all three indices as Megatron's `_build_document_sample_shuffle_indices` does.
-pub fn build_indices(spec: &IndexSpec) -> Result<GptIndices> {
+/// The epoch arithmetic of SPEC §2.6, without building anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpochPlan {
+    pub tokens_per_epoch: u64,
+    pub num_epochs: usize,
+    pub separate_final_epoch: bool,
+    /// Samples of the epochs before a separate final epoch.
+    pub n_before: u64,
+    /// Number of samples `n`.
+    pub num_samples: usize,
+}
+
+/// `_get_num_epochs` and the separate-final-epoch rule for `spec`.
+pub fn epoch_plan(spec: &IndexSpec) -> Result<EpochPlan> {
     let s = spec.seq_length as u64;
     let x = u64::from(spec.add_extra_token);
     if s == 0 {
@@ -120,7 +132,16 @@ pub fn build_indices(spec: &IndexSpec) -> Result<GptIndices> {
         // Python's `int(0.80 * n)` truncates, as does the cast.
         separate_final_epoch = n_last < (0.80 * n_epoch as f64) as u64;
     }
+    let total = e * tokens_per_epoch - x;
+    let num_samples = if spec.drop_last_partial { total / s } else { total.div_ceil(s) } as usize;
+    Ok(EpochPlan { tokens_per_epoch, num_epochs, separate_final_epoch, n_before, num_samples })
+}
 
+/// Builds all three indices as Megatron's `_build_document_sample_shuffle_indices` does.
+pub fn build_indices(spec: &IndexSpec) -> Result<GptIndices> {
+    let plan = epoch_plan(spec)?;
+    let EpochPlan { num_epochs, separate_final_epoch, n_before, num_samples: n, .. } = plan;
+    let (s, x) = (spec.seq_length as i64, i64::from(spec.add_extra_token));
     let mut rng = RandomState::new(spec.seed);
     let document_index = if separate_final_epoch {
         let mut first = tiled_shuffled(spec.indices, num_epochs - 1, &mut rng);
@@ -130,9 +151,7 @@ pub fn build_indices(spec: &IndexSpec) -> Result<GptIndices> {
         tiled_shuffled(spec.indices, num_epochs, &mut rng)
     };
 
-    let total = e * tokens_per_epoch - x;
-    let n = if spec.drop_last_partial { total / s } else { total.div_ceil(s) } as usize;
-    let sample_index = sample_index(spec.sizes, &document_index, s as i64, x as i64, n);
+    let sample_index = sample_index(spec.sizes, &document_index, s, x, n);
 
     let mut shuffle_index: Vec<u64> = (0..n as u64).collect();
     if separate_final_epoch {

@@ -1,35 +1,44 @@
 //! Config and factory of the `gpt` dataset plugin.
 
-use super::dataset::{GptDataset, GptSplitConfig};
-use crate::indexed::IndexedDataset;
-use crate::split::{split_ranges, DEFAULT_SPLIT, SPLIT_NAMES};
-use anyhow::{anyhow, bail};
+use super::builder::{to_dataset_splits, CachePolicy, GptBuilder};
+use super::description::TokenizerDescription;
+use crate::blend::{Blend, DEFAULT_SURPLUS};
+use anyhow::bail;
 use megatron_core::registry::DatasetEnv;
-use megatron_core::{Dataset, DatasetSplits, Result};
+use megatron_core::{DatasetSplits, Result};
 use serde::Deserialize;
-use std::sync::Arc;
+use std::path::PathBuf;
 
 /// The registered name.
 pub const NAME: &str = "gpt";
-
-fn default_split() -> String {
-    DEFAULT_SPLIT.to_string()
-}
 
 fn default_seed() -> u64 {
     1234
 }
 
-/// Config of the `gpt` dataset plugin (Megatron's `--data-path`, `--split`, `--seq-length`,
-/// `--seed` and the per-split sample counts of SPEC §2.3).
+fn default_surplus() -> f64 {
+    DEFAULT_SURPLUS
+}
+
+/// Config of the `gpt` dataset plugin (Megatron's `--data-path`, `--split`, per-split data
+/// paths, `--seq-length`, `--seed`, `--data-cache-path` and the per-split sample counts of
+/// SPEC §2.3). Path lists are split on whitespace, so `"0.3 A 0.7 B"` and
+/// `["0.3", "A", "0.7", "B"]` are the same blend.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GptDatasetConfig {
-    /// One dataset prefix (entries are split on whitespace, so `"PREFIX"` and `["PREFIX"]` are
-    /// the same). Blends (`"0.3 A 0.7 B"`, `"A B"`) are rejected for now.
+    /// `PREFIX`, `W1 P1 W2 P2 ...` (weighted) or `P1 P2 ...` (weighted by length).
+    #[serde(default)]
     pub data_path: Vec<String>,
-    #[serde(default = "default_split")]
-    pub split: String,
+    #[serde(default)]
+    pub train_data_path: Vec<String>,
+    #[serde(default)]
+    pub valid_data_path: Vec<String>,
+    #[serde(default)]
+    pub test_data_path: Vec<String>,
+    /// Default with `data_path`: Megatron's legacy `"969, 30, 1"`.
+    #[serde(default)]
+    pub split: Option<String>,
     pub seq_length: usize,
     #[serde(default = "default_seed")]
     pub seed: u64,
@@ -39,35 +48,46 @@ pub struct GptDatasetConfig {
     /// `reset_position_ids`, which are not implemented yet.
     #[serde(default)]
     pub eod_token: Option<u32>,
+    /// `--data-cache-path`; without it the indices are cached in `<prefix>/cache/GPTDataset_indices`.
+    #[serde(default)]
+    pub data_cache_path: Option<PathBuf>,
+    /// `--mid-level-dataset-surplus`.
+    #[serde(default = "default_surplus")]
+    pub mid_level_dataset_surplus: f64,
+    /// The tokenizer's description as Megatron records it (part of the cache hash).
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerDescription>,
 }
 
-/// The single prefix of `data_path`, or an error explaining that blends are not supported.
-fn single_prefix(data_path: &[String]) -> Result<String> {
-    let words: Vec<&str> = data_path.iter().flat_map(|p| p.split_whitespace()).collect();
-    match words[..] {
-        [prefix] => Ok(prefix.to_string()),
-        [] => bail!("dataset `gpt`: --data-path is empty; give a dataset prefix (PATH without .bin/.idx)"),
-        _ => {
-            // SPEC §2.1: an even-length list whose even positions all parse as floats is weighted.
-            let weighted = words.chunks(2).all(|pair| pair.len() == 2 && pair[0].parse::<f64>().is_ok());
-            bail!(
-                "dataset `gpt`: blending several datasets ({}--data-path {}) is not yet supported; give a single \
-                 prefix (e.g. merge the datasets with `tools/merge_datasets.py`)",
-                if weighted { "weighted " } else { "" },
-                words.join(" ")
-            )
+impl GptDatasetConfig {
+    /// The builder these settings describe.
+    pub fn builder(&self) -> Result<GptBuilder> {
+        let blend = Blend::parse(&self.data_path)?;
+        let blend_per_split =
+            [&self.train_data_path, &self.valid_data_path, &self.test_data_path].map(|p| Blend::parse(p));
+        let [train, valid, test] = blend_per_split;
+        if !(self.mid_level_dataset_surplus >= 0.0 && self.mid_level_dataset_surplus.is_finite()) {
+            bail!("dataset `gpt`: --mid-level-dataset-surplus must be >= 0");
         }
+        Ok(GptBuilder {
+            blend,
+            blend_per_split: [train?, valid?, test?],
+            split: self.split.clone(),
+            seq_length: self.seq_length,
+            seed: self.seed,
+            sizes: self.num_samples.map(|n| (n > 0).then_some(n)),
+            cache: match &self.data_cache_path {
+                Some(dir) => CachePolicy::Dir(dir.clone()),
+                None => CachePolicy::NextToData,
+            },
+            tokenizer: self.tokenizer.clone(),
+            surplus: self.mid_level_dataset_surplus,
+        })
     }
 }
 
 /// Builds the train/valid/test datasets; a split of zero width or with no sequences is `None`.
 pub fn build_gpt_splits(config: &GptDatasetConfig, env: &DatasetEnv) -> Result<DatasetSplits> {
-    let prefix = single_prefix(&config.data_path)?;
-    let seed = u32::try_from(config.seed)
-        .map_err(|_| anyhow!("dataset `gpt`: --seed {} must fit in 32 bits (numpy's RandomState)", config.seed))?;
-    if config.seq_length == 0 {
-        bail!("dataset `gpt`: --seq-length must be at least 1");
-    }
     if let Some(tok) = &env.tokenizer {
         if let (Some(eod), Some(cfg)) = (tok.special_ids().eod, config.eod_token) {
             if eod != cfg {
@@ -75,45 +95,5 @@ pub fn build_gpt_splits(config: &GptDatasetConfig, env: &DatasetEnv) -> Result<D
             }
         }
     }
-    let data = Arc::new(IndexedDataset::open(&prefix)?);
-    let ranges = split_ranges(&config.split, data.len())?;
-    let mut built: Vec<Option<Arc<dyn Dataset>>> = vec![];
-    for (k, range) in ranges.into_iter().enumerate() {
-        let Some(sequences) = range.filter(|r| !r.is_empty()) else {
-            built.push(None);
-            continue;
-        };
-        let split = GptSplitConfig {
-            split_name: SPLIT_NAMES[k].to_string(),
-            sequences,
-            seq_length: config.seq_length,
-            num_samples: match config.num_samples[k] {
-                0 => None,
-                n => Some(usize::try_from(n)?),
-            },
-            seed,
-            drop_last_partial: true,
-        };
-        built.push(Some(Arc::new(GptDataset::new(data.clone(), &split)?)));
-    }
-    let mut it = built.into_iter();
-    let mut next = || it.next().flatten();
-    Ok(DatasetSplits { train: next(), valid: next(), test: next() })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::single_prefix;
-
-    #[test]
-    fn data_path_accepts_one_prefix_and_rejects_blends() {
-        let one = |v: &[&str]| single_prefix(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert_eq!(one(&["/d/x_text_document"]).ok().as_deref(), Some("/d/x_text_document"));
-        assert_eq!(one(&[" /d/x "]).ok().as_deref(), Some("/d/x"));
-        let err = one(&["0.3 A 0.7 B"]).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("weighted") && err.contains("not yet supported"), "{err}");
-        let err = one(&["A", "B"]).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("not yet supported") && !err.contains("weighted"), "{err}");
-        assert!(one(&[]).is_err());
-    }
+    Ok(to_dataset_splits(config.builder()?.build()?))
 }

@@ -101,27 +101,26 @@ impl IndexedDatasetBuilder {
         bin.write_all(other.bin_bytes()).with_context(|| format!("cannot write `{}`", self.bin_tmp.display()))
     }
 
-    /// The `.idx` bytes of everything added so far (SPEC §1.2).
-    fn index_bytes(&self) -> Vec<u8> {
-        let s = self.lengths.len();
-        let mut out = Vec::with_capacity(34 + 12 * s + 8 * self.doc_indices.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.push(self.dtype.code());
-        out.extend_from_slice(&(s as u64).to_le_bytes());
-        out.extend_from_slice(&(self.doc_indices.len() as u64).to_le_bytes());
+    /// Streams the `.idx` of everything added so far (SPEC §1.2) into `out`, so finalizing a
+    /// large dataset needs no second copy of its index in memory.
+    fn write_index(&self, out: &mut impl Write) -> std::io::Result<()> {
+        out.write_all(MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&[self.dtype.code()])?;
+        out.write_all(&(self.lengths.len() as u64).to_le_bytes())?;
+        out.write_all(&(self.doc_indices.len() as u64).to_le_bytes())?;
         for &len in &self.lengths {
-            out.extend_from_slice(&len.to_le_bytes());
+            out.write_all(&len.to_le_bytes())?;
         }
         let mut ptr: i64 = 0;
         for &len in &self.lengths {
-            out.extend_from_slice(&ptr.to_le_bytes());
+            out.write_all(&ptr.to_le_bytes())?;
             ptr += i64::from(len) * self.dtype.itemsize() as i64;
         }
         for &d in &self.doc_indices {
-            out.extend_from_slice(&d.to_le_bytes());
+            out.write_all(&d.to_le_bytes())?;
         }
-        out
+        Ok(())
     }
 
     /// Writes `.idx`, fsyncs both files and renames them into place.
@@ -133,11 +132,16 @@ impl IndexedDatasetBuilder {
 
         let idx_tmp = with_suffix(&self.prefix, ".idx.tmp");
         let write_idx = || -> std::io::Result<()> {
-            let mut f = File::create(&idx_tmp)?;
-            f.write_all(&self.index_bytes())?;
-            f.sync_all()
+            let mut f = BufWriter::with_capacity(1 << 20, File::create(&idx_tmp)?);
+            self.write_index(&mut f)?;
+            f.into_inner().map_err(|e| e.into_error())?.sync_all()
         };
-        write_idx().with_context(|| format!("cannot write `{}`", idx_tmp.display()))?;
+        if let Err(e) = write_idx() {
+            // Leave no temporary file behind (`Drop` no longer sees the `.bin`).
+            let _ = std::fs::remove_file(&idx_tmp);
+            let _ = std::fs::remove_file(&self.bin_tmp);
+            return Err(e).with_context(|| format!("cannot write `{}`", idx_tmp.display()));
+        }
 
         let (bin_final, idx_final) = (bin_path(&self.prefix), idx_path(&self.prefix));
         std::fs::rename(&self.bin_tmp, &bin_final)

@@ -1,8 +1,13 @@
 //! `impl Backend for CpuBackend`: every trait method validates through its module and runs
 //! inside this backend's rayon pool.
 
-use crate::{activation, attention, elementwise, embedding, gemm, loss, memory, norm, optim, rotary, CpuBackend};
-use megatron_core::{AdamStep, AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer, Result, RotarySpec};
+use crate::{
+    activation, attention, elementwise, embedding, gemm, kv_attention, loss, memory, norm, optim, rotary, CpuBackend,
+};
+use megatron_core::{
+    AdamStep, AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer, KvCacheAttentionSpec, Result,
+    RotarySpec,
+};
 
 impl Backend for CpuBackend {
     fn name(&self) -> &str {
@@ -149,6 +154,17 @@ impl Backend for CpuBackend {
         spec: AttentionSpec,
     ) -> Result<()> {
         self.run(|| attention::attention_backward(d_out, qkv, out, lse, d_qkv, spec))
+    }
+    fn attention_kv_cache(
+        &self,
+        qkv: &DeviceTensor,
+        k_cache: &mut DeviceTensor,
+        v_cache: &mut DeviceTensor,
+        key_start: Option<&DeviceTensor>,
+        out: &mut DeviceTensor,
+        spec: KvCacheAttentionSpec,
+    ) -> Result<()> {
+        self.run(|| kv_attention::attention_kv_cache(qkv, k_cache, v_cache, key_start, out, spec))
     }
     fn rotary(&self, qkv: &mut DeviceTensor, spec: RotarySpec, inverse: bool) -> Result<()> {
         self.run(|| rotary::rotary(qkv, spec, inverse))

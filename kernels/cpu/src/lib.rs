@@ -16,6 +16,7 @@ mod elementwise;
 mod embedding;
 mod expvec;
 mod gemm;
+mod kv_attention;
 mod loss;
 mod memory;
 mod norm;

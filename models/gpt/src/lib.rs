@@ -7,11 +7,14 @@
 
 pub mod config;
 pub mod hf_gpt2;
+pub mod inference;
 pub mod model;
+mod stage;
 
 pub use config::GptConfig;
 pub use hf_gpt2::{export_hf_gpt2, load_hf_gpt2, load_hf_gpt2_file, Export, HfTensor};
-pub use model::GptModel;
+pub use inference::KvCache;
+pub use model::{stage_layers, GptModel};
 
 use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};
 use megatron_core::{Factory, Model, Plugin, Result};

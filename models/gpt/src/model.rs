@@ -1,5 +1,8 @@
 //! [`GptModel`]: embedding → decoder block → (tied) output layer → vocab-parallel cross
-//! entropy, implementing [`megatron_core::Model`] with explicit forward and backward.
+//! entropy, implementing [`megatron_core::Model`] with explicit forward and backward. With
+//! pipeline parallelism one object is one stage (SPEC §5.5): the first stage holds the
+//! embedding, every stage its `L/pp` layers (global numbering), the last the final norm, the
+//! output layer and the loss. The stage forward/backward live in [`crate::stage`].
 //!
 //! Activations are `(B, T, C)` row-major; Megatron-Core keeps `[s, b, h]`. The per-token math
 //! is identical, only the order of the flattened token rows differs (and with it nothing that
@@ -7,45 +10,56 @@
 //!
 //! Memory besides the per-layer activations (see `megatron_transformer::layer`): the logits
 //! `(B, T, V/tp)` (turned into their own gradient in place by the cross-entropy backward), the
-//! residual stream buffers `(L+1)·(B, T, C)` and a shared backward scratch of a few `(B, T, C)`
-//! and `(B, T, F/tp)` buffers. All are allocated once per `(B, T)` and reused.
+//! residual stream buffers `(L/pp+1)·(B, T, C)`, a shared backward scratch of a few `(B, T, C)`
+//! and `(B, T, F/tp)` buffers, and per in-flight microbatch its stage input (see `stage`).
 
 use crate::config::GptConfig;
+use crate::stage::Saved;
 use anyhow::{bail, Context, Result};
-use megatron_core::{Backend, Batch, DType, DeviceTensor, HostBuffer, LossReport, Mode, Model, ParallelContext, Param};
-use megatron_transformer::step::{empty, ensure_shape};
-use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
-use megatron_transformer::{
-    gpt_decoder_block_spec, gpt_layer_local_spec, linear_backward, linear_forward, Init, LanguageModelEmbedding,
-    LocalSpecProvider, ModuleBuilder, SpecProvider, Split, StepInfo, TransformerBlock, VocabParallelCrossEntropy,
+use megatron_core::{
+    Backend, Batch, DType, DeviceTensor, GradsReadyHook, HostBuffer, LossReport, Mode, Model, ParallelContext, Param,
+    StageOutput,
 };
+use megatron_transformer::step::empty;
+use megatron_transformer::{
+    gpt_decoder_block_spec, gpt_layer_local_spec, Init, LanguageModelEmbedding, LocalSpecProvider, ModuleBuilder,
+    SpecProvider, Split, StepInfo, TransformerBlock, VocabParallelCrossEntropy,
+};
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
-/// What backward needs from the forward of the microbatch in flight.
-struct Saved {
-    step: StepInfo,
-    loss_mask: Vec<f32>,
-    tokens: DeviceTensor, // (B*T) int32
-    labels: DeviceTensor, // (B*T) int32
-}
+/// The name of the word embedding, also used by the last stage's tied copy.
+pub const WORD_EMBEDDING: &str = "embedding.word_embeddings.weight";
 
 pub struct GptModel {
-    config: GptConfig,
-    backend: Arc<dyn Backend>,
-    ctx: ParallelContext,
-    vocab_padded: usize,
-    pub embedding: LanguageModelEmbedding,
+    pub(crate) config: GptConfig,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) ctx: ParallelContext,
+    pub(crate) vocab_padded: usize,
+    /// Word + position embedding (first stage only).
+    pub embedding: Option<LanguageModelEmbedding>,
+    /// This stage's layers (and the final norm on the last stage).
     pub decoder: TransformerBlock,
-    /// `output_layer.weight` when untied; tied models use the word embedding.
+    /// `output_layer.weight` when untied (last stage only); tied models use the word embedding.
     pub output_layer: Option<Param>,
-    cross_entropy: VocabParallelCrossEntropy,
-    logits: DeviceTensor,   // (B, T, V/tp); d_logits after backward
-    d_hidden: DeviceTensor, // (B, T, C): gradient at the final norm output
-    saved: Option<Saved>,
+    /// Tied embeddings with pp > 1: the last stage's copy of the word embedding (Megatron's
+    /// `shared_embedding`), named like the original, `ParamLayout::shared_copy` set, initialised
+    /// equal to it and kept equal by [`Model::finalize_grads`].
+    pub shared_embedding: Option<Param>,
+    pub(crate) cross_entropy: VocabParallelCrossEntropy,
+    pub(crate) logits: DeviceTensor,   // (B, T, V/tp); d_logits after backward
+    pub(crate) d_hidden: DeviceTensor, // (B, T, C): gradient at the final norm output
+    pub(crate) layers: Range<usize>,
+    /// What each in-flight training microbatch's backward needs, by microbatch id.
+    pub(crate) stash: BTreeMap<usize, Saved>,
+    /// The microbatch whose activations the module buffers hold (backward of any other one
+    /// recomputes its forward first).
+    pub(crate) live: Option<usize>,
 }
 
 impl GptModel {
-    /// Builds this rank's shards with the local spec provider.
+    /// Builds this rank's shards of its pipeline stage with the local spec provider.
     pub fn new(config: GptConfig, backend: Arc<dyn Backend>, ctx: ParallelContext) -> Result<GptModel> {
         GptModel::with_provider(config, backend, ctx, &LocalSpecProvider)
     }
@@ -58,32 +72,42 @@ impl GptModel {
         provider: &dyn SpecProvider,
     ) -> Result<GptModel> {
         config.validate()?;
-        if ctx.pp_size() > 1 {
-            bail!(
-                "the gpt model runs as a single pipeline stage (the Model trait has no stage-to-stage \
-                 activation hand-off yet); use --pipeline-model-parallel-size 1"
-            );
-        }
+        let layers = stage_layers(config.num_layers, ctx.pp_size(), ctx.pp_rank)?;
+        let (first, last) = (ctx.is_first_stage(), ctx.is_last_stage());
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;
         let tcfg = config.transformer_config();
         let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
         let (h, std) = (config.hidden_size, config.init_method_std);
-        let embedding = LanguageModelEmbedding::new(
-            &b,
-            "embedding",
-            vocab_padded,
-            config.max_position_embeddings,
-            h,
-            std,
-            config.hidden_dropout,
-        )?;
+        let embedding = if first {
+            Some(LanguageModelEmbedding::new(
+                &b,
+                "embedding",
+                vocab_padded,
+                config.max_position_embeddings,
+                h,
+                std,
+                config.hidden_dropout,
+            )?)
+        } else {
+            None
+        };
         let layer = gpt_layer_local_spec(config.normalization, config.swiglu, config.add_bias_linear);
-        let decoder =
-            TransformerBlock::new(&b, provider, "decoder", &tcfg, &gpt_decoder_block_spec(layer, config.num_layers))
-                .context("building the gpt decoder")?;
-        let output_layer = if config.untie_embeddings_and_output_weights {
+        let spec = gpt_decoder_block_spec(layer, config.num_layers);
+        let decoder = TransformerBlock::new_stage(&b, provider, "decoder", &tcfg, &spec, layers.clone(), last)
+            .context("building the gpt decoder")?;
+        let untied = config.untie_embeddings_and_output_weights;
+        let output_layer = if last && untied {
             Some(b.param("output_layer.weight", &[vocab_padded, h], Split::Rows { chunks: 1 }, Init::Normal(std))?)
+        } else {
+            None
+        };
+        // The copy draws from the same per-name seed as the original, so it starts equal
+        // (Megatron zero-initialises it and all-reduces once; same result).
+        let shared_embedding = if last && !first && !untied {
+            let mut p = b.param(WORD_EMBEDDING, &[vocab_padded, h], Split::Rows { chunks: 1 }, Init::Normal(std))?;
+            p.layout.shared_copy = true;
+            Some(p)
         } else {
             None
         };
@@ -92,12 +116,15 @@ impl GptModel {
             cross_entropy: VocabParallelCrossEntropy::new(backend.clone(), ctx.clone())?,
             logits: empty(bk)?,
             d_hidden: empty(bk)?,
-            saved: None,
+            stash: BTreeMap::new(),
+            live: None,
+            layers,
             config,
             vocab_padded,
             embedding,
             decoder,
             output_layer,
+            shared_embedding,
             backend,
             ctx,
         })
@@ -116,6 +143,11 @@ impl GptModel {
         self.vocab_padded
     }
 
+    /// Global numbers of this stage's decoder layers.
+    pub fn layer_range(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
     pub fn param(&self, name: &str) -> Option<&Param> {
         self.params().into_iter().find(|p| p.name == name)
     }
@@ -125,11 +157,17 @@ impl GptModel {
     }
 
     /// First vocab id of this rank's logits slice.
-    fn vocab_start(&self) -> usize {
-        self.embedding.word_embeddings.vocab_range().0
+    pub(crate) fn vocab_start(&self) -> usize {
+        self.ctx.tp_rank * (self.vocab_padded / self.ctx.tp_size())
     }
 
-    fn upload_ids(&self, ids: &[i32], what: &str, limit: usize, mask: Option<&[f32]>) -> Result<DeviceTensor> {
+    pub(crate) fn upload_ids(
+        &self,
+        ids: &[i32],
+        what: &str,
+        limit: usize,
+        mask: Option<&[f32]>,
+    ) -> Result<DeviceTensor> {
         for (i, &id) in ids.iter().enumerate() {
             let counted = mask.is_none_or(|m| m[i] != 0.0);
             if counted && (id < 0 || id as usize >= limit) {
@@ -139,24 +177,30 @@ impl GptModel {
         self.backend.from_host(HostBuffer::I32(ids.to_vec()), &[ids.len()])
     }
 
-    /// Embedding, decoder and output layer: fills `self.logits (B, T, V/tp)`.
-    fn run_to_logits(&mut self, tokens: &DeviceTensor, step: &StepInfo) -> Result<()> {
-        if step.seq > self.config.max_position_embeddings {
-            bail!("sequence length {} > max_position_embeddings {}", step.seq, self.config.max_position_embeddings);
+    fn require_whole_model(&self, what: &str) -> Result<()> {
+        if !(self.is_first_stage() && self.is_last_stage()) {
+            bail!(
+                "GptModel::{what} runs the whole model, but this is pipeline stage {} of {} (layers {:?}); \
+                 pipelined runs go through a pipeline schedule (`1f1b`) and the stage API",
+                self.ctx.pp_rank,
+                self.ctx.pp_size(),
+                self.layers
+            );
         }
-        self.embedding.forward(tokens, self.decoder.input_mut(step)?, step)?;
-        self.decoder.forward(step)?;
-        let vocab_local = self.vocab_padded / self.ctx.tp_size();
-        ensure_shape(self.backend.as_ref(), &mut self.logits, &[step.batch, step.seq, vocab_local])?;
-        let w = match &self.output_layer {
-            Some(p) => &p.value,
-            None => &self.embedding.word_embeddings.weight.value,
-        };
-        // Output layer: column-parallel, no bias, logits stay vocab-parallel.
-        let x = self.decoder.output();
-        copy_to_tp_region_forward(&self.ctx, x)?;
-        linear_forward(self.backend.as_ref(), x, w, None, &mut self.logits)
+        Ok(())
     }
+}
+
+/// Global layer numbers of stage `stage` of `pp` (even split, SPEC §5.5).
+pub fn stage_layers(num_layers: usize, pp: usize, stage: usize) -> Result<Range<usize>> {
+    if pp == 0 || !num_layers.is_multiple_of(pp) || num_layers < pp {
+        bail!(
+            "--num-layers {num_layers} must be a multiple of --pipeline-model-parallel-size {pp} (every stage \
+             gets the same number of layers, at least one); change one of them"
+        );
+    }
+    let per = num_layers / pp;
+    Ok(stage * per..(stage + 1) * per)
 }
 
 impl Model for GptModel {
@@ -165,84 +209,54 @@ impl Model for GptModel {
     }
 
     fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
-        let (b, s) = (batch.micro_batch_size, batch.seq_length);
-        let n = b * s;
-        if batch.tokens.len() != n || batch.labels.len() != n || batch.loss_mask.len() != n {
-            bail!(
-                "batch of {b}x{s} has {} tokens, {} labels and {} loss-mask entries; all must be {n}",
-                batch.tokens.len(),
-                batch.labels.len(),
-                batch.loss_mask.len()
-            );
+        self.require_whole_model("forward")?;
+        // One microbatch in flight: a new forward replaces whatever was saved.
+        self.stash.clear();
+        match self.forward_stage(0, batch, None, mode)? {
+            StageOutput::Loss(report) => Ok(report),
+            StageOutput::Hidden(_) => bail!("the whole-model forward produced hidden states instead of a loss"),
         }
-        let step = StepInfo { batch: b, seq: s, train: mode == Mode::Train, seed: batch.seed };
-        let tokens = self.upload_ids(&batch.tokens, "token", self.vocab_padded, None)?;
-        let labels = self.upload_ids(&batch.labels, "label", self.vocab_padded, Some(&batch.loss_mask))?;
-        self.saved = None;
-        self.run_to_logits(&tokens, &step)?;
-        let losses = self.cross_entropy.forward(&self.logits, &labels, self.vocab_start())?;
-        let mut report = LossReport::default();
-        for (loss, &m) in losses.iter().zip(&batch.loss_mask) {
-            if m != 0.0 {
-                report.loss_sum += loss * m as f64;
-                report.num_tokens += m as f64;
-            }
-        }
-        if step.train {
-            self.saved = Some(Saved { step, loss_mask: batch.loss_mask.clone(), tokens, labels });
-        }
-        Ok(report)
     }
 
     fn backward(&mut self, grad_scale: f32) -> Result<()> {
-        let saved = self.saved.take().context(
-            "GptModel::backward called without a preceding forward in Mode::Train (or called twice for one forward)",
-        )?;
-        let step = saved.step;
-        let d_loss: Vec<f32> = saved.loss_mask.iter().map(|m| grad_scale * m).collect();
-        let d_loss = self.backend.from_host(HostBuffer::F32(d_loss), &[step.tokens()])?;
-        let vocab_start = self.vocab_start();
-        self.cross_entropy.backward_inplace(&mut self.logits, &saved.labels, vocab_start, &d_loss)?;
-
-        // Output layer backward (the logits buffer now holds d_logits).
-        let bk = self.backend.as_ref();
-        ensure_shape(bk, &mut self.d_hidden, self.decoder.output().shape())?;
-        let w = match self.output_layer.as_mut() {
-            Some(p) => p,
-            None => &mut self.embedding.word_embeddings.weight,
-        };
-        let x = self.decoder.output();
-        linear_backward(bk, x, &w.value, &self.logits, Some(&mut self.d_hidden), &mut w.grad, None)?;
-        copy_to_tp_region_backward(&self.ctx, &mut self.d_hidden)?;
-
-        let d_embedding = self.decoder.backward(&self.d_hidden, &step)?;
-        self.embedding.backward(&saved.tokens, d_embedding, &step)
+        self.require_whole_model("backward")?;
+        if !self.stash.contains_key(&0) {
+            bail!(
+                "GptModel::backward called without a preceding forward in Mode::Train (or called twice for one forward)"
+            );
+        }
+        self.backward_stage(0, None, grad_scale, &mut |_| Ok(()))?;
+        Ok(())
     }
 
     fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
+        self.require_whole_model("logits")?;
         if tokens.len() != micro_batch_size * seq_length {
             bail!("{} tokens given for a {micro_batch_size}x{seq_length} batch", tokens.len());
         }
         let step = StepInfo { batch: micro_batch_size, seq: seq_length, train: false, seed: 0 };
         let ids = self.upload_ids(tokens, "token", self.vocab_padded, None)?;
-        self.saved = None;
-        self.run_to_logits(&ids, &step)?;
+        self.stash.clear();
+        self.run_forward(Some(&ids), None, &step)?;
+        self.run_logits(&step)?;
         let mut out = self.backend.zeros(self.logits.shape(), DType::F32)?;
         self.backend.copy(&self.logits, &mut out)?;
         Ok(out)
     }
 
     fn params(&self) -> Vec<&Param> {
-        let mut p = self.embedding.params();
+        let mut p = self.embedding.as_ref().map(|e| e.params()).unwrap_or_default();
         p.extend(self.decoder.params());
         p.extend(self.output_layer.as_ref());
+        p.extend(self.shared_embedding.as_ref());
         p
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut p = self.embedding.params_mut();
+        let mut p = self.embedding.as_mut().map(|e| e.params_mut()).unwrap_or_default();
         p.extend(self.decoder.params_mut());
         p.extend(self.output_layer.as_mut());
+        p.extend(self.shared_embedding.as_mut());
         p
     }
 
@@ -256,5 +270,41 @@ impl Model for GptModel {
 
     fn flops_per_iteration(&self, samples: usize) -> f64 {
         self.config.flops_per_iteration(samples, self.ctx.tp_size())
+    }
+
+    fn is_first_stage(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    fn is_last_stage(&self) -> bool {
+        self.ctx.is_last_stage()
+    }
+
+    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
+        self.backend.zeros(&[batch.micro_batch_size, batch.seq_length, self.config.hidden_size], DType::F32)
+    }
+
+    fn forward_stage(
+        &mut self,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        self.stage_forward(microbatch, batch, input, mode)
+    }
+
+    fn backward_stage(
+        &mut self,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        self.stage_backward(microbatch, grad_output, grad_scale, on_grads_ready)
+    }
+
+    fn finalize_grads(&mut self) -> Result<()> {
+        self.all_reduce_shared_embedding_grad()
     }
 }

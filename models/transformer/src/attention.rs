@@ -10,7 +10,7 @@ use crate::linear::{LinearConfig, LinearLayer};
 use crate::spec::{SelfAttentionSpec, SpecProvider, TransformerConfig};
 use crate::step::{empty, ensure_shape, DropoutSite, ModuleScratch, StepInfo};
 use anyhow::Result;
-use megatron_core::{AttentionSpec, Backend, DeviceTensor, Param};
+use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, KvCacheAttentionSpec, Param};
 use std::sync::Arc;
 
 pub struct SelfAttention {
@@ -121,11 +121,64 @@ impl SelfAttention {
         self.linear_qkv.backward(x, &scratch.d_qkv, Some(d_x))
     }
 
+    /// An empty key/value cache of this layer's heads for `batch` rows of up to `capacity`
+    /// tokens (inference only).
+    pub fn new_kv_cache(&self, batch: usize, capacity: usize) -> Result<LayerKvCache> {
+        let shape = [batch, capacity, self.heads_local, self.head_dim];
+        let backend = self.backend.as_ref();
+        Ok(LayerKvCache { k: backend.zeros(&shape, DType::F32)?, v: backend.zeros(&shape, DType::F32)? })
+    }
+
+    /// Inference forward of `step.seq` new tokens per row, `x (B, Tq, C)` → `out (B, Tq, C)`:
+    /// their k/v are appended to `cache` at `offset` and each query attends causally to the
+    /// cached keys from `key_start[b]` on (see [`KvCacheAttentionSpec`]). No dropout, nothing
+    /// saved for backward.
+    pub fn forward_cached(
+        &mut self,
+        x: &DeviceTensor,
+        out: &mut DeviceTensor,
+        cache: &mut LayerKvCache,
+        offset: usize,
+        key_start: Option<&DeviceTensor>,
+        step: &StepInfo,
+    ) -> Result<()> {
+        let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
+        let backend = self.backend.as_ref();
+        ensure_shape(backend, &mut self.qkv, &[b, t, np * 3 * hn])?;
+        ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
+        self.linear_qkv.forward(x, &mut self.qkv)?;
+        let spec = KvCacheAttentionSpec {
+            batch: b,
+            new_tokens: t,
+            heads: np,
+            head_dim: hn,
+            capacity: cache.capacity(),
+            offset,
+            scale: 1.0 / (hn as f32).sqrt(),
+        };
+        backend.attention_kv_cache(&self.qkv, &mut cache.k, &mut cache.v, key_start, &mut self.context, spec)?;
+        self.linear_proj.forward(&self.context, out)
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         self.linear_qkv.params().into_iter().chain(self.linear_proj.params()).collect()
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         self.linear_qkv.params_mut().into_iter().chain(self.linear_proj.params_mut()).collect()
+    }
+}
+
+/// One layer's key/value cache for incremental decoding: `k`, `v` are
+/// `(B, capacity, heads/tp, head_dim)`; positions past the caller's offset are unused.
+pub struct LayerKvCache {
+    pub k: DeviceTensor,
+    pub v: DeviceTensor,
+}
+
+impl LayerKvCache {
+    /// Tokens per row the cache can hold.
+    pub fn capacity(&self) -> usize {
+        self.k.shape().get(1).copied().unwrap_or(0)
     }
 }

@@ -1,6 +1,8 @@
-//! [`TransformerBlock`]: `L` transformer layers and the final norm (`decoder.*`). It owns the
-//! residual stream buffers and the backward scratch, allocated once per `(B, T)` shape.
+//! [`TransformerBlock`]: `L` transformer layers and the final norm (`decoder.*`), or one
+//! pipeline stage's range of them. It owns the residual stream buffers and the backward
+//! scratch, allocated once per `(B, T)` shape.
 
+use crate::attention::LayerKvCache;
 use crate::init::ModuleBuilder;
 use crate::layer::TransformerLayer;
 use crate::norm::NormLayer;
@@ -8,6 +10,7 @@ use crate::spec::{SpecProvider, TransformerBlockSpec, TransformerConfig};
 use crate::step::{empty, ensure_shape, BackwardScratch, StepInfo};
 use anyhow::{bail, Result};
 use megatron_core::{Backend, DeviceTensor, Param};
+use std::ops::Range;
 use std::sync::Arc;
 
 pub struct TransformerBlock {
@@ -31,17 +34,34 @@ impl TransformerBlock {
         cfg: &TransformerConfig,
         spec: &TransformerBlockSpec,
     ) -> Result<TransformerBlock> {
+        TransformerBlock::new_stage(b, provider, prefix, cfg, spec, 0..cfg.num_layers, true)
+    }
+
+    /// One pipeline stage's part of the block (SPEC §5.5): layers `layers` of the
+    /// `cfg.num_layers`-layer stack, keeping their GLOBAL numbers (parameter names, dropout
+    /// seeds; init depends on the name only, so a stage's parameters equal the whole model's),
+    /// and the final norm when `with_final_norm` (the last stage). Without the final norm the
+    /// block output is the last layer's residual stream.
+    pub fn new_stage(
+        b: &ModuleBuilder,
+        provider: &dyn SpecProvider,
+        prefix: &str,
+        cfg: &TransformerConfig,
+        spec: &TransformerBlockSpec,
+        layers: Range<usize>,
+        with_final_norm: bool,
+    ) -> Result<TransformerBlock> {
         cfg.validate(b.tp_size())?;
         if spec.layers.len() != cfg.num_layers {
             bail!("block spec has {} layer specs but num_layers is {}", spec.layers.len(), cfg.num_layers);
         }
-        let layers = spec
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, ls)| TransformerLayer::new(b, provider, &format!("{prefix}.layers.{i}"), cfg, ls, i))
+        if layers.is_empty() || layers.end > cfg.num_layers {
+            bail!("pipeline stage layers {layers:?} are not a non-empty range of the {} layers", cfg.num_layers);
+        }
+        let layers = layers
+            .map(|i| TransformerLayer::new(b, provider, &format!("{prefix}.layers.{i}"), cfg, &spec.layers[i], i))
             .collect::<Result<Vec<_>>>()?;
-        let final_layernorm = match spec.final_layernorm {
+        let final_layernorm = match spec.final_layernorm.filter(|_| with_final_norm) {
             Some(kind) => Some(provider.norm(
                 b,
                 &format!("{prefix}.final_layernorm"),
@@ -87,6 +107,34 @@ impl TransformerBlock {
         }
     }
 
+    /// One empty [`LayerKvCache`] per layer of this block (inference only).
+    pub fn new_kv_caches(&self, batch: usize, capacity: usize) -> Result<Vec<LayerKvCache>> {
+        self.layers.iter().map(|l| l.self_attention.new_kv_cache(batch, capacity)).collect()
+    }
+
+    /// Inference forward of the `step.seq` new tokens written through [`Self::input_mut`],
+    /// every layer reading and extending its cache at `offset` (`caches[l]` for layer `l`).
+    pub fn forward_cached(
+        &mut self,
+        step: &StepInfo,
+        caches: &mut [LayerKvCache],
+        offset: usize,
+        key_start: Option<&DeviceTensor>,
+    ) -> Result<()> {
+        if caches.len() != self.layers.len() {
+            bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
+        }
+        for (l, (layer, cache)) in self.layers.iter_mut().zip(caches.iter_mut()).enumerate() {
+            let (done, rest) = self.residuals.split_at_mut(l + 1);
+            layer.forward_cached(&done[l], &mut rest[0], cache, offset, key_start, step)?;
+        }
+        let last = &self.residuals[self.layers.len()];
+        match self.final_layernorm.as_mut() {
+            Some(norm) => norm.forward(last, &mut self.output),
+            None => self.backend.copy(last, &mut self.output),
+        }
+    }
+
     /// The `(B, T, C)` block output of the last forward.
     pub fn output(&self) -> &DeviceTensor {
         &self.output
@@ -94,13 +142,29 @@ impl TransformerBlock {
 
     /// Backpropagates `d_output (B, T, C)` through the block; returns `dL/d input (B, T, C)`.
     pub fn backward(&mut self, d_output: &DeviceTensor, step: &StepInfo) -> Result<&DeviceTensor> {
+        self.backward_with_hook(d_output, step, &mut |_| Ok(()))
+    }
+
+    /// [`Self::backward`], calling `on_grads_ready` with the final norm's parameters and then
+    /// each layer's, last layer first, as soon as their gradients of this call are accumulated
+    /// (a data-parallel reducer overlaps with the rest of backward).
+    pub fn backward_with_hook(
+        &mut self,
+        d_output: &DeviceTensor,
+        step: &StepInfo,
+        on_grads_ready: &mut dyn FnMut(&[&Param]) -> Result<()>,
+    ) -> Result<&DeviceTensor> {
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
-            Some(norm) => norm.backward(d_output, last, &mut self.d_residual)?,
+            Some(norm) => {
+                norm.backward(d_output, last, &mut self.d_residual)?;
+                on_grads_ready(&norm.params())?;
+            }
             None => self.backend.copy(d_output, &mut self.d_residual)?,
         }
         for (l, layer) in self.layers.iter_mut().enumerate().rev() {
             layer.backward(&self.residuals[l], &mut self.d_residual, &mut self.scratch, step)?;
+            on_grads_ready(&layer.params())?;
         }
         Ok(&self.d_residual)
     }

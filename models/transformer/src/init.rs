@@ -165,6 +165,7 @@ impl ModuleBuilder {
             tp_rank,
             tp_size,
             no_weight_decay: global_shape.len() == 1,
+            shared_copy: false,
         };
         Ok(Param { name: name.to_string(), value, grad, layout })
     }

@@ -10,7 +10,7 @@
 //! GPT-2 124M at B=4, T=1024 (C=768): 201 MB per layer, 2.4 GB for 12 layers.
 //! Dropout masks are not stored: they are regenerated from their seeds.
 
-use crate::attention::SelfAttention;
+use crate::attention::{LayerKvCache, SelfAttention};
 use crate::init::ModuleBuilder;
 use crate::mlp::Mlp;
 use crate::norm::NormLayer;
@@ -90,6 +90,30 @@ impl TransformerLayer {
         // y = h1 + dropout(mlp(ln2(h1))).
         self.mlp.forward(&self.ln2_out, y, step)?;
         hidden_dropout(backend, y, p, layer, DropoutSite::MlpOutput, step)?;
+        backend.axpy(y, 1.0, &self.h1)
+    }
+
+    /// Inference forward of `x (B, Tq, C)` (the new tokens) into `y`, with the attention reading
+    /// and extending `cache` (see [`SelfAttention::forward_cached`]). No dropout.
+    pub fn forward_cached(
+        &mut self,
+        x: &DeviceTensor,
+        y: &mut DeviceTensor,
+        cache: &mut LayerKvCache,
+        offset: usize,
+        key_start: Option<&DeviceTensor>,
+        step: &StepInfo,
+    ) -> Result<()> {
+        let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
+        let backend = self.backend.as_ref();
+        for t in [&mut self.ln1_out, &mut self.h1, &mut self.ln2_out] {
+            ensure_shape(backend, t, &shape)?;
+        }
+        self.input_layernorm.forward(x, &mut self.ln1_out)?;
+        self.self_attention.forward_cached(&self.ln1_out, &mut self.h1, cache, offset, key_start, step)?;
+        backend.axpy(&mut self.h1, 1.0, x)?;
+        self.pre_mlp_layernorm.forward(&self.h1, &mut self.ln2_out)?;
+        self.mlp.forward(&self.ln2_out, y, step)?;
         backend.axpy(y, 1.0, &self.h1)
     }
 

@@ -23,7 +23,7 @@ pub mod spec;
 pub mod step;
 pub mod tp_mappings;
 
-pub use attention::SelfAttention;
+pub use attention::{LayerKvCache, SelfAttention};
 pub use block::TransformerBlock;
 pub use cross_entropy::VocabParallelCrossEntropy;
 pub use embedding::{LanguageModelEmbedding, VocabParallelEmbedding};

@@ -70,9 +70,11 @@ fn prepare(dir: &Path, iteration: u64) -> Result<()> {
     std::fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))
 }
 
-/// Whether this rank stores the shard of a parameter with `layout`.
+/// Whether this rank stores the shard of a parameter with `layout`. A pipeline stage's copy of
+/// another stage's parameter (`shared_copy`, the tied embedding on the last stage) is stored
+/// once, by the original's stage; loading finds it by its (identical) name.
 fn stores(layout: &ParamLayout, ctx: &ParallelContext) -> bool {
-    layout.tp_axis.is_some() || ctx.tp_rank == 0
+    !layout.shared_copy && (layout.tp_axis.is_some() || ctx.tp_rank == 0)
 }
 
 /// A tensor ready for the safetensors file.

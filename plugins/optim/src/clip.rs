@@ -2,14 +2,16 @@
 //!
 //! The norm is global over the model: squares of this rank's grads, all-reduced over the
 //! model-parallel (TP×PP) group. Grads replicated over TP are identical on every TP rank, so
-//! only TP rank 0 counts them.
+//! only TP rank 0 counts them; a pipeline stage's copy of a parameter held by another stage
+//! (`ParamLayout::shared_copy`, the tied embedding on the last stage) is counted on the
+//! original only (SPEC §6.6).
 
 use anyhow::Result;
 use megatron_core::{Backend, ParallelContext, Param, ReduceOp};
 
 /// Whether `p`'s gradient belongs in this rank's share of the global norm.
 fn counts_on_this_rank(p: &Param, ctx: &ParallelContext) -> bool {
-    p.layout.tp_axis.is_some() || ctx.tp_rank == 0
+    !p.layout.shared_copy && (p.layout.tp_axis.is_some() || ctx.tp_rank == 0)
 }
 
 /// The global L2 norm `sqrt(Σ g²)` of the gradients of `params`, identical on every rank of

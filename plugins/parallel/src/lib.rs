@@ -2,11 +2,17 @@
 //! data-parallel gradient averaging, §5.6), the `single` communicator of a one-rank world and
 //! the `no-pipelining` schedule (gradient accumulation over microbatches, §5.5, §6.8).
 
+mod buckets;
+mod ddp;
 mod no_pipelining;
+mod one_f_one_b;
 mod single_comm;
 mod strategy;
 
+pub use buckets::{default_bucket_size, layout_buckets, Bucket};
+pub use ddp::{DdpOptions, DdpReducer};
 pub use no_pipelining::NoPipelining;
+pub use one_f_one_b::{one_f_one_b_order, OneFOneB, PipelineAction};
 pub use single_comm::single_communicators;
 pub use strategy::{dp_cp_group, MegatronStrategy, StrategyConfig};
 
@@ -38,8 +44,9 @@ fn plugins() -> Vec<Plugin> {
     vec![
         Plugin {
             name: "megatron",
-            description: "Megatron's tp-cp-dp-pp rank grid and DP gradient averaging (1/dp pre-scale + SUM); config: \
-                          tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size",
+            description: "Megatron's tp-cp-dp-pp rank grid and DP gradient averaging (1/dp pre-scale + SUM, DDP \
+                          buckets); config: tensor_model_parallel_size, pipeline_model_parallel_size, \
+                          context_parallel_size, ddp_bucket_size, overlap_grad_reduce",
             factory: Factory::ParallelStrategy(strategy_factory),
         },
         Plugin {
@@ -52,6 +59,7 @@ fn plugins() -> Vec<Plugin> {
             description: "forward and backward of each microbatch in turn (gradient accumulation; pp = 1)",
             factory: Factory::Schedule(no_pipelining_factory),
         },
+        one_f_one_b::plugin(),
     ]
 }
 

@@ -2,8 +2,11 @@
 //! and averages gradients over data parallelism as Megatron's DDP does by default (§5.6):
 //! pre-scale by `1/(dp*cp)`, then SUM all-reduce over the DP×CP group.
 
+use crate::ddp::{DdpOptions, DdpReducer};
 use anyhow::{bail, Context, Result};
-use megatron_core::{Backend, Communicator, Group, ParallelContext, ParallelStrategy, Param, RankGrid, ReduceOp};
+use megatron_core::{
+    Backend, Communicator, GradSync, Group, ParallelContext, ParallelStrategy, Param, RankGrid, ReduceOp,
+};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -20,6 +23,14 @@ pub struct StrategyConfig {
     /// `--context-parallel-size`.
     #[serde(default = "one")]
     pub context_parallel_size: usize,
+    /// `--ddp-bucket-size` in elements (default: Megatron's `max(40M, 1M*dp*cp)` with
+    /// overlap, one bucket without).
+    #[serde(default)]
+    pub ddp_bucket_size: Option<usize>,
+    /// `--overlap-grad-reduce`: all-reduce each bucket on a communication thread as soon as
+    /// its gradients are final in the last microbatch's backward.
+    #[serde(default)]
+    pub overlap_grad_reduce: bool,
 }
 
 fn one() -> usize {
@@ -28,7 +39,13 @@ fn one() -> usize {
 
 impl Default for StrategyConfig {
     fn default() -> StrategyConfig {
-        StrategyConfig { tensor_model_parallel_size: 1, pipeline_model_parallel_size: 1, context_parallel_size: 1 }
+        StrategyConfig {
+            tensor_model_parallel_size: 1,
+            pipeline_model_parallel_size: 1,
+            context_parallel_size: 1,
+            ddp_bucket_size: None,
+            overlap_grad_reduce: false,
+        }
     }
 }
 
@@ -39,6 +56,9 @@ pub struct MegatronStrategy {
 
 impl MegatronStrategy {
     pub fn new(config: StrategyConfig) -> Result<MegatronStrategy> {
+        if config.ddp_bucket_size == Some(0) {
+            bail!("--ddp-bucket-size must be > 0 (elements per gradient bucket)");
+        }
         for (v, flag) in [
             (config.tensor_model_parallel_size, "--tensor-model-parallel-size"),
             (config.pipeline_model_parallel_size, "--pipeline-model-parallel-size"),
@@ -91,6 +111,24 @@ impl ParallelStrategy for MegatronStrategy {
             bail!("communicator `{}` reports rank {rank} in a world of {} ranks", comm.name(), grid.world_size());
         }
         Ok(grid.context(rank, comm))
+    }
+
+    /// Megatron's DDP buckets (and, with `overlap_grad_reduce`, the overlapped reduction);
+    /// `None` when there is no data parallelism to reduce over.
+    fn grad_sync(
+        &self,
+        params: &[&Param],
+        backend: Arc<dyn Backend>,
+        ctx: &ParallelContext,
+    ) -> Result<Option<Box<dyn GradSync>>> {
+        if dp_cp_group(ctx).size() == 1 {
+            return Ok(None);
+        }
+        let options = DdpOptions {
+            bucket_size: self.config.ddp_bucket_size,
+            overlap_grad_reduce: self.config.overlap_grad_reduce,
+        };
+        Ok(Some(Box::new(DdpReducer::new(params, options, backend, ctx)?)))
     }
 
     fn reduce_gradients(&self, params: &mut [&mut Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<()> {

@@ -9,8 +9,12 @@ use megatron_parallel::{dp_cp_group, MegatronStrategy, StrategyConfig};
 use std::sync::Arc;
 
 fn contexts(world: usize, tp: usize, cp: usize, pp: usize) -> Vec<ParallelContext> {
-    let config =
-        StrategyConfig { tensor_model_parallel_size: tp, pipeline_model_parallel_size: pp, context_parallel_size: cp };
+    let config = StrategyConfig {
+        tensor_model_parallel_size: tp,
+        pipeline_model_parallel_size: pp,
+        context_parallel_size: cp,
+        ..StrategyConfig::default()
+    };
     let s = MegatronStrategy::new(config).unwrap();
     (0..world).map(|r| s.build_context(Arc::new(FakeComm::new(r, world))).unwrap()).collect()
 }

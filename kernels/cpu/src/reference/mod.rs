@@ -8,12 +8,14 @@
 
 mod activation;
 mod attention;
+mod kv_cache;
 mod loss;
 mod norm;
 mod optim;
 
 pub use activation::*;
 pub use attention::*;
+pub use kv_cache::*;
 pub use loss::*;
 pub use norm::*;
 pub use optim::*;

@@ -46,7 +46,14 @@ pub fn slice_values(global_shape: &[usize], slice: &[(usize, usize)], seed: u32)
 
 pub fn layout(global: &[usize], tp_axis: Option<usize>, tp_rank: usize, tp_size: usize) -> ParamLayout {
     let (tp_rank, tp_size) = if tp_axis.is_some() { (tp_rank, tp_size) } else { (0, 1) };
-    ParamLayout { global_shape: global.to_vec(), tp_axis, tp_rank, tp_size, no_weight_decay: global.len() == 1 }
+    ParamLayout {
+        global_shape: global.to_vec(),
+        tp_axis,
+        tp_rank,
+        tp_size,
+        no_weight_decay: global.len() == 1,
+        shared_copy: false,
+    }
 }
 
 pub fn local_shape(l: &ParamLayout) -> Vec<usize> {

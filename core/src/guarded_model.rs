@@ -1,0 +1,112 @@
+//! [`GuardedModel`]: the host's wrapper around a [`Model`] built by a dynamically loaded plugin,
+//! running every method under the library's `catch_unwind` so a panic in plugin code becomes
+//! an error naming the plugin instead of aborting the process.
+
+use crate::plugin_loader::PanicGuard;
+use crate::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, Model, Param, Result, StageOutput};
+use anyhow::anyhow;
+
+pub struct GuardedModel {
+    inner: Box<dyn Model>,
+    guard: PanicGuard,
+    /// `model `name` from `library path``, for messages.
+    label: String,
+}
+
+impl GuardedModel {
+    pub fn new(inner: Box<dyn Model>, guard: PanicGuard, label: String) -> GuardedModel {
+        GuardedModel { inner, guard, label }
+    }
+
+    /// Runs a fallible method; a panic becomes an error naming the plugin and the method.
+    fn fallible<R>(&mut self, method: &str, f: impl FnOnce(&mut dyn Model) -> Result<R>) -> Result<R> {
+        let (guard, inner) = (self.guard, &mut self.inner);
+        guard.call(|| f(inner.as_mut())).map_err(|m| anyhow!("plugin {} panicked in {method}: {m}", self.label))?
+    }
+
+    /// Methods without a `Result` re-raise a plugin panic as a host panic (which the host can
+    /// catch, unlike the library's).
+    fn infallible<'a, R>(&'a self, method: &str, f: impl FnOnce(&'a dyn Model) -> R) -> R {
+        let inner = self.inner.as_ref();
+        match self.guard.call(|| f(inner)) {
+            Ok(r) => r,
+            Err(m) => panic!("plugin {} panicked in {method}: {m}", self.label),
+        }
+    }
+}
+
+impl Model for GuardedModel {
+    fn name(&self) -> &str {
+        self.infallible("name", |m| m.name())
+    }
+
+    fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
+        self.fallible("forward", |m| m.forward(batch, mode))
+    }
+
+    fn backward(&mut self, grad_scale: f32) -> Result<()> {
+        self.fallible("backward", |m| m.backward(grad_scale))
+    }
+
+    fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
+        self.fallible("logits", |m| m.logits(tokens, micro_batch_size, seq_length))
+    }
+
+    fn params(&self) -> Vec<&Param> {
+        self.infallible("params", |m| m.params())
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        let (guard, inner) = (self.guard, &mut self.inner);
+        match guard.call(|| inner.params_mut()) {
+            Ok(r) => r,
+            Err(m) => panic!("plugin {} panicked in params_mut: {m}", self.label),
+        }
+    }
+
+    fn zero_grad(&mut self) -> Result<()> {
+        self.fallible("zero_grad", |m| m.zero_grad())
+    }
+
+    fn flops_per_iteration(&self, samples: usize) -> f64 {
+        self.infallible("flops_per_iteration", |m| m.flops_per_iteration(samples))
+    }
+
+    // The pipeline-stage methods are forwarded too: the trait's defaults would otherwise
+    // replace a plugin's own implementation.
+    fn is_first_stage(&self) -> bool {
+        self.infallible("is_first_stage", |m| m.is_first_stage())
+    }
+
+    fn is_last_stage(&self) -> bool {
+        self.infallible("is_last_stage", |m| m.is_last_stage())
+    }
+
+    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
+        self.infallible("stage_buffer", |m| m.stage_buffer(batch))
+    }
+
+    fn forward_stage(
+        &mut self,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        self.fallible("forward_stage", |m| m.forward_stage(microbatch, batch, input, mode))
+    }
+
+    fn backward_stage(
+        &mut self,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        self.fallible("backward_stage", |m| m.backward_stage(microbatch, grad_output, grad_scale, on_grads_ready))
+    }
+
+    fn finalize_grads(&mut self) -> Result<()> {
+        self.fallible("finalize_grads", |m| m.finalize_grads())
+    }
+}

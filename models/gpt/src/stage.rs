@@ -1,0 +1,237 @@
+//! The pipeline-stage forward and backward of [`GptModel`] (the [`megatron_core::Model`] stage
+//! API, SPEC §5.5) and the tied-embedding gradient finalize (SPEC §5.10 step 3).
+//!
+//! Several microbatches may be in flight (1F1B keeps up to `pp - stage` on a stage), but the
+//! modules keep the activations of one forward in their buffers. Each training forward
+//! therefore stashes only what is needed to redo it — the stage input (token ids on the first
+//! stage, the received `(B, T, C)` hidden states elsewhere) plus labels and loss mask on the
+//! last stage — and the backward of a microbatch whose activations are no longer in the
+//! buffers first recomputes its forward (full recomputation of the stage, SPEC §6.9: dropout
+//! masks are pure functions of the microbatch seed, so the recomputed activations are
+//! identical). The last stage runs each backward right after its forward (1F1B warmup 0) and
+//! never recomputes; earlier stages pay one extra forward per microbatch but hold only one
+//! `(B, T, C)` tensor per microbatch in flight instead of every layer's activations.
+
+use crate::model::GptModel;
+use anyhow::{bail, Context, Result};
+use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
+use megatron_transformer::step::ensure_shape;
+use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
+use megatron_transformer::{linear_backward, linear_forward, StepInfo};
+
+/// What the backward of one in-flight training microbatch needs.
+pub(crate) struct Saved {
+    step: StepInfo,
+    tokens: Option<DeviceTensor>, // (B*T) int32, first stage
+    input: Option<DeviceTensor>,  // (B, T, C) from the previous stage, other stages
+    labels: Option<DeviceTensor>, // (B*T) int32, last stage
+    loss_mask: Vec<f32>,          // (B*T), last stage
+}
+
+impl GptModel {
+    /// Embedding (first stage) or the received input, then this stage's layers.
+    pub(crate) fn run_forward(
+        &mut self,
+        tokens: Option<&DeviceTensor>,
+        input: Option<&DeviceTensor>,
+        step: &StepInfo,
+    ) -> Result<()> {
+        if step.seq > self.config.max_position_embeddings {
+            bail!("sequence length {} > max_position_embeddings {}", step.seq, self.config.max_position_embeddings);
+        }
+        let x = self.decoder.input_mut(step)?;
+        match (self.embedding.as_mut(), tokens, input) {
+            (Some(emb), Some(ids), None) => emb.forward(ids, x, step)?,
+            (None, None, Some(hidden)) => self.backend.copy(hidden, x)?,
+            _ => bail!("a stage takes token ids on the first pipeline stage and hidden states on the others"),
+        }
+        self.decoder.forward(step)
+    }
+
+    /// Output layer on the decoder output: fills `self.logits (B, T, V/tp)` (last stage).
+    pub(crate) fn run_logits(&mut self, step: &StepInfo) -> Result<()> {
+        let vocab_local = self.vocab_padded / self.ctx.tp_size();
+        ensure_shape(self.backend.as_ref(), &mut self.logits, &[step.batch, step.seq, vocab_local])?;
+        let w = match (&self.output_layer, &self.shared_embedding, &self.embedding) {
+            (Some(p), _, _) | (None, Some(p), _) => &p.value,
+            (None, None, Some(e)) => &e.word_embeddings.weight.value,
+            (None, None, None) => bail!("pipeline stage {} has no output layer", self.ctx.pp_rank),
+        };
+        // Output layer: column-parallel, no bias, logits stay vocab-parallel.
+        let x = self.decoder.output();
+        copy_to_tp_region_forward(&self.ctx, x)?;
+        linear_forward(self.backend.as_ref(), x, w, None, &mut self.logits)
+    }
+
+    pub(crate) fn stage_forward(
+        &mut self,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        let (b, s) = (batch.micro_batch_size, batch.seq_length);
+        let n = b * s;
+        let (first, last) = (self.embedding.is_some(), self.ctx.is_last_stage());
+        let bad_tokens = first && batch.tokens.len() != n;
+        let bad_labels = last && (batch.labels.len() != n || batch.loss_mask.len() != n);
+        if bad_tokens || bad_labels {
+            bail!(
+                "batch of {b}x{s} has {} tokens, {} labels and {} loss-mask entries; all must be {n}",
+                batch.tokens.len(),
+                batch.labels.len(),
+                batch.loss_mask.len()
+            );
+        }
+        let train = mode == Mode::Train;
+        if train && self.stash.contains_key(&microbatch) {
+            bail!(
+                "microbatch {microbatch} is already in flight on pipeline stage {}; run its backward first",
+                self.ctx.pp_rank
+            );
+        }
+        let step = StepInfo { batch: b, seq: s, train, seed: batch.seed };
+        let tokens = if first { Some(self.upload_ids(&batch.tokens, "token", self.vocab_padded, None)?) } else { None };
+        let input = match (first, input) {
+            (true, None) => None,
+            (true, Some(_)) => bail!("the first pipeline stage embeds tokens and takes no input activation"),
+            (false, None) => {
+                bail!("pipeline stage {} needs the previous stage's hidden states (B, T, C) as input", self.ctx.pp_rank)
+            }
+            (false, Some(x)) => {
+                let want = [b, s, self.config.hidden_size];
+                if x.shape() != want {
+                    bail!("stage input has shape {:?}, expected {want:?} (micro batch, sequence, hidden)", x.shape());
+                }
+                Some(x)
+            }
+        };
+        // Whatever the buffers held is overwritten now.
+        self.live = None;
+        self.run_forward(tokens.as_ref(), input.as_ref(), &step)?;
+        let (output, labels) = if last {
+            let labels = self.upload_ids(&batch.labels, "label", self.vocab_padded, Some(&batch.loss_mask))?;
+            self.run_logits(&step)?;
+            let losses = self.cross_entropy.forward(&self.logits, &labels, self.vocab_start())?;
+            let mut report = LossReport::default();
+            for (loss, &m) in losses.iter().zip(&batch.loss_mask) {
+                if m != 0.0 {
+                    report.loss_sum += loss * m as f64;
+                    report.num_tokens += m as f64;
+                }
+            }
+            (StageOutput::Loss(report), Some(labels))
+        } else {
+            let mut hidden = self.backend.zeros(self.decoder.output().shape(), DType::F32)?;
+            self.backend.copy(self.decoder.output(), &mut hidden)?;
+            (StageOutput::Hidden(hidden), None)
+        };
+        if train {
+            let loss_mask = if last { batch.loss_mask.clone() } else { Vec::new() };
+            self.stash.insert(microbatch, Saved { step, tokens, input, labels, loss_mask });
+            self.live = Some(microbatch);
+        }
+        Ok(output)
+    }
+
+    pub(crate) fn stage_backward(
+        &mut self,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        let saved = self.stash.remove(&microbatch).with_context(|| {
+            format!(
+                "backward of microbatch {microbatch} on pipeline stage {} without its training forward \
+                 (in flight: {:?})",
+                self.ctx.pp_rank,
+                self.stash.keys().collect::<Vec<_>>()
+            )
+        })?;
+        let step = saved.step;
+        let last = self.ctx.is_last_stage();
+        if self.live != Some(microbatch) {
+            self.run_forward(saved.tokens.as_ref(), saved.input.as_ref(), &step)?;
+            if let Some(labels) = &saved.labels {
+                self.run_logits(&step)?;
+                self.cross_entropy.forward(&self.logits, labels, self.vocab_start())?;
+            }
+        }
+        // The cross-entropy backward consumes the logits: nothing stays reusable.
+        self.live = None;
+        let backend = self.backend.clone();
+        let bk = backend.as_ref();
+        let received;
+        let d_output: &DeviceTensor = if last {
+            if grad_output.is_some() {
+                bail!("the last pipeline stage starts backward from the loss and takes no output gradient");
+            }
+            let labels = saved.labels.as_ref().context("the last stage saved no labels")?;
+            let d_loss: Vec<f32> = saved.loss_mask.iter().map(|m| grad_scale * m).collect();
+            let d_loss = bk.from_host(megatron_core::HostBuffer::F32(d_loss), &[step.tokens()])?;
+            let vocab_start = self.vocab_start();
+            self.cross_entropy.backward_inplace(&mut self.logits, labels, vocab_start, &d_loss)?;
+            // Output layer backward (the logits buffer now holds d_logits).
+            ensure_shape(bk, &mut self.d_hidden, self.decoder.output().shape())?;
+            let (w, ready_now) =
+                match (self.output_layer.as_mut(), self.shared_embedding.as_mut(), self.embedding.as_mut()) {
+                    (Some(p), _, _) | (None, Some(p), _) => (p, true),
+                    // Tied on a single stage: the embedding backward adds more, report it there.
+                    (None, None, Some(e)) => (&mut e.word_embeddings.weight, false),
+                    (None, None, None) => bail!("pipeline stage {} has no output layer", self.ctx.pp_rank),
+                };
+            let x = self.decoder.output();
+            linear_backward(bk, x, &w.value, &self.logits, Some(&mut self.d_hidden), &mut w.grad, None)?;
+            if ready_now {
+                on_grads_ready(&[&*w])?;
+            }
+            copy_to_tp_region_backward(&self.ctx, &mut self.d_hidden)?;
+            &self.d_hidden
+        } else {
+            received = grad_output.with_context(|| {
+                format!("pipeline stage {} needs the gradient of its output from the next stage", self.ctx.pp_rank)
+            })?;
+            if received.shape() != self.decoder.output().shape() {
+                bail!(
+                    "output gradient has shape {:?}, expected {:?} (micro batch, sequence, hidden)",
+                    received.shape(),
+                    self.decoder.output().shape()
+                );
+            }
+            &received
+        };
+        let d_input = self.decoder.backward_with_hook(d_output, &step, on_grads_ready)?;
+        match self.embedding.as_mut() {
+            Some(emb) => {
+                let tokens = saved.tokens.as_ref().context("the first stage saved no token ids")?;
+                emb.backward(tokens, d_input, &step)?;
+                on_grads_ready(&emb.params())?;
+                Ok(None)
+            }
+            None => {
+                let mut d_in = bk.zeros(d_input.shape(), DType::F32)?;
+                bk.copy(d_input, &mut d_in)?;
+                Ok(Some(d_in))
+            }
+        }
+    }
+
+    /// SPEC §5.10 step 3: with tied embeddings and pp > 1, the first stage's word embedding and
+    /// the last stage's copy get the sum of both gradients (collective over the embedding
+    /// group; a no-op on middle stages, with untied weights and at pp = 1).
+    pub(crate) fn all_reduce_shared_embedding_grad(&mut self) -> Result<()> {
+        if self.ctx.pp_size() == 1 || self.config.untie_embeddings_and_output_weights {
+            return Ok(());
+        }
+        let p = match (self.shared_embedding.as_mut(), self.embedding.as_mut()) {
+            (Some(p), _) => p,
+            (None, Some(e)) => &mut e.word_embeddings.weight,
+            (None, None) => return Ok(()),
+        };
+        let group = &self.ctx.embedding_group;
+        self.ctx.comm.all_reduce(group, &mut p.grad, ReduceOp::Sum).with_context(|| {
+            format!("all-reduce of the tied word-embedding gradient over the embedding group {:?}", group.ranks)
+        })
+    }
+}

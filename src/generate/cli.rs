@@ -1,0 +1,147 @@
+//! `megatron generate`: loads a checkpoint and generates from `--prompt` (streaming tokens to
+//! stdout as they are produced) or from every line of `--prompts-file` (one static batch,
+//! printed when done).
+
+use super::engine::{GenerationParams, Generator};
+use super::loader::{load_model, LoadArgs};
+use super::sampling::SamplingParams;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use megatron_core::Registry;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Args, Clone, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Prompt text.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// A file with one prompt per line, generated as one batch.
+    #[arg(long)]
+    pub prompts_file: Option<PathBuf>,
+    #[arg(long, alias = "num-tokens-to-generate", default_value_t = 30)]
+    pub tokens_to_generate: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// 1 = greedy; 0 = off.
+    #[arg(long, alias = "top_k", default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, alias = "top_p", default_value_t = 0.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// Extra token ids that end generation (besides the tokenizer's end-of-document).
+    #[arg(long, num_args = 1..)]
+    pub stop_token: Vec<i32>,
+    /// Prepend the end-of-document token to every prompt (Megatron's add_BOS).
+    #[arg(long)]
+    pub add_bos: bool,
+    /// Recompute the whole prefix every step instead of using the kv cache.
+    #[arg(long)]
+    pub no_kv_cache: bool,
+}
+
+/// Checks the sampling flags with the server's rules (SPEC §8.1).
+pub fn sampling_from(temperature: f32, top_k: usize, top_p: f32) -> Result<SamplingParams> {
+    if !(temperature > 0.0 && temperature <= 100.0) {
+        bail!("--temperature must be in (0, 100], got {temperature}");
+    }
+    if top_k > 1000 {
+        bail!("--top-k must be in [0, 1000], got {top_k}");
+    }
+    if !(0.0..=1.0).contains(&top_p) {
+        bail!("--top-p must be in [0, 1], got {top_p}");
+    }
+    if top_k > 0 && top_p > 0.0 {
+        bail!("--top-k and --top-p cannot be combined; give one of them");
+    }
+    Ok(SamplingParams { temperature, top_k, top_p, ..SamplingParams::default() })
+}
+
+pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
+    let prompts: Vec<String> = match (&args.prompt, &args.prompts_file) {
+        (Some(p), None) => vec![p.clone()],
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading --prompts-file {}", f.display()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(String::from)
+            .collect(),
+        _ => bail!("give exactly one of --prompt TEXT or --prompts-file FILE"),
+    };
+    if prompts.is_empty() {
+        bail!("--prompts-file has no non-empty line");
+    }
+    let sampling = sampling_from(args.temperature, args.top_k, args.top_p)?;
+    let mut loaded = load_model(registry, &args.load)?;
+    let tok = loaded.tokenizer.clone();
+    let mut ids = Vec::new();
+    for p in &prompts {
+        let mut row: Vec<i32> = Vec::new();
+        if args.add_bos {
+            row.push(loaded.eod);
+        }
+        row.extend(tok.encode(p)?.into_iter().map(|t| t as i32));
+        if row.is_empty() {
+            bail!("prompt {p:?} tokenizes to nothing; give text or --add-bos");
+        }
+        ids.push(row);
+    }
+    let mut stop_tokens = vec![loaded.eod];
+    stop_tokens.extend(&args.stop_token);
+    let params = GenerationParams {
+        tokens_to_generate: args.tokens_to_generate,
+        sampling,
+        stop_tokens,
+        seed: args.seed,
+        use_kv_cache: !args.no_kv_cache,
+        ..GenerationParams::default()
+    };
+    let streaming = ids.len() == 1;
+    let mut out = std::io::stdout().lock();
+    // Streaming prints the growing suffix of the decoded text, so tokenizers whose pieces
+    // need context (separators, multi-byte characters split over tokens) print correctly.
+    let mut so_far: Vec<u32> = ids[0].iter().map(|&t| t as u32).collect();
+    let mut printed = tok.decode(&so_far)?;
+    if streaming {
+        write!(out, "{printed}")?;
+        out.flush()?;
+    }
+    let mut gen = Generator { model: &mut loaded.model, vocab_size: loaded.vocab_size, pad_id: loaded.eod };
+    let t0 = std::time::Instant::now();
+    let mut count = 0usize;
+    let result = gen.generate(&ids, &params, &mut |_, token| {
+        count += 1;
+        if streaming {
+            so_far.push(token as u32);
+            let text = tok.decode(&so_far).unwrap_or_default();
+            // An incomplete multi-byte character decodes to U+FFFD: wait for its last byte.
+            if text.ends_with('\u{FFFD}') {
+                return true;
+            }
+            if let Some(new) = text.strip_prefix(printed.as_str()) {
+                let _ = write!(out, "{new}");
+                let _ = out.flush();
+                printed = text;
+            }
+        }
+        true
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if streaming {
+        writeln!(out)?;
+    } else {
+        for (r, row) in result.tokens.iter().enumerate() {
+            let ids: Vec<u32> = row.iter().map(|&t| t as u32).collect();
+            writeln!(out, "[{r}] {}", tok.decode(&ids)?)?;
+        }
+    }
+    eprintln!(
+        "generated {count} tokens in {secs:.2}s ({:.1} ms/token, kv cache {})",
+        1e3 * secs / count.max(1) as f64,
+        if args.no_kv_cache { "off" } else { "on" }
+    );
+    Ok(())
+}

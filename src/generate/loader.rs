@@ -1,0 +1,152 @@
+//! Rebuilds a GPT model and its tokenizer from a megatron-rs checkpoint: the checkpoint's
+//! `args` (the training flags) give the model shape and tokenizer, the stored word embedding
+//! gives the padded vocabulary, and the weights are cut from the stored shards (any TP layout
+//! the checkpoint was saved with loads into this tp = 1 model).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use megatron_core::{Backend, ParallelContext, Registry, Tokenizer};
+use megatron_gpt::{GptConfig, GptModel};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Flags shared by `generate`, `serve` and `export`: where the checkpoint is, and tokenizer
+/// overrides for checkpoints whose args do not name usable tokenizer files.
+#[derive(Args, Clone, Debug, Default)]
+pub struct LoadArgs {
+    /// Checkpoint directory (a `--save` directory of `megatron pretrain` or `import hf`).
+    #[arg(long)]
+    pub load: PathBuf,
+    /// Iteration to load (default: the latest, from latest_checkpointed_iteration.txt).
+    #[arg(long)]
+    pub ckpt_step: Option<u64>,
+    #[arg(long)]
+    pub tokenizer_type: Option<String>,
+    #[arg(long)]
+    pub vocab_file: Option<PathBuf>,
+    #[arg(long)]
+    pub merge_file: Option<PathBuf>,
+    /// Compute backend plugin.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Worker threads of the CPU backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// A model ready for inference, with what generation needs to know about its vocabulary.
+pub struct LoadedModel {
+    pub model: GptModel,
+    pub tokenizer: Arc<dyn Tokenizer>,
+    /// Unpadded vocabulary the model was trained with (samples stay below it).
+    pub vocab_size: usize,
+    /// End-of-document id (generation stops at it and pads with it).
+    pub eod: i32,
+    /// The checkpoint's training args.
+    pub args: Value,
+    pub iteration: u64,
+}
+
+fn arg_usize(args: &Value, key: &str, dir: &Path) -> Result<usize> {
+    args[key].as_u64().map(|v| v as usize).with_context(|| {
+        format!("checkpoint {}: metadata args have no integer `{key}`; was it saved by megatron-rs?", dir.display())
+    })
+}
+
+/// The `GptConfig` a checkpoint's args describe, with `vocab_size` and the padded size given.
+pub fn gpt_config_from_args(args: &Value, vocab_size: usize, padded: usize, dir: &Path) -> Result<GptConfig> {
+    if let Some(model) = args["model"].as_str() {
+        if model != "gpt" {
+            bail!("checkpoint {} holds a `{model}` model; generation supports `gpt` only", dir.display());
+        }
+    }
+    let seq = arg_usize(args, "seq_length", dir)?;
+    let mut c = GptConfig::new(
+        arg_usize(args, "num_layers", dir)?,
+        arg_usize(args, "hidden_size", dir)?,
+        arg_usize(args, "num_attention_heads", dir)?,
+        seq,
+        vocab_size,
+    );
+    c.ffn_hidden_size = args["ffn_hidden_size"].as_u64().map(|v| v as usize);
+    c.max_position_embeddings = args["max_position_embeddings"].as_u64().map_or(seq, |v| v as usize);
+    c.padded_vocab_size = Some(padded);
+    if let Some(m) = args["make_vocab_size_divisible_by"].as_u64() {
+        c.make_vocab_size_divisible_by = m as usize;
+    }
+    if let Some(eps) = args["norm_epsilon"].as_f64() {
+        c.layernorm_epsilon = eps as f32;
+    }
+    if let Some(n) = args["normalization"].as_str() {
+        c.normalization = serde_json::from_value(json!(n))
+            .with_context(|| format!("checkpoint {}: unknown normalization `{n}`", dir.display()))?;
+    }
+    c.swiglu = args["swiglu"].as_bool().unwrap_or(false);
+    c.untie_embeddings_and_output_weights = args["untie_embeddings_and_output_weights"].as_bool().unwrap_or(false);
+    if let Some(b) = args["add_bias_linear"].as_bool() {
+        c.add_bias_linear = b;
+    }
+    c.hidden_dropout = 0.0;
+    c.attention_dropout = 0.0;
+    Ok(c)
+}
+
+/// The tokenizer named by the flags, else by the checkpoint's args; a checkpoint trained on
+/// mock data without one gets a `NullTokenizer` over its vocabulary (prompts are ids).
+pub fn tokenizer_for(registry: &Registry, flags: &LoadArgs, args: &Value) -> Result<Arc<dyn Tokenizer>> {
+    let path_arg = |flag: &Option<PathBuf>, key: &str| -> Option<Value> {
+        flag.as_ref().map(|p| json!(p)).or_else(|| args.get(key).filter(|v| !v.is_null()).cloned())
+    };
+    let ty = flags.tokenizer_type.clone().or_else(|| args["tokenizer_type"].as_str().map(String::from));
+    let ty = match ty {
+        Some(t) => t,
+        None if args["mock_data"].as_bool() == Some(true) => "NullTokenizer".to_string(),
+        None => "GPT2BPETokenizer".to_string(),
+    };
+    let config = if ty == "NullTokenizer" {
+        let v = args["vocab_size"].as_u64().context("NullTokenizer needs the checkpoint's --vocab-size in its args")?;
+        json!({ "vocab_size": v })
+    } else {
+        json!({ "vocab_file": path_arg(&flags.vocab_file, "vocab_file"), "merge_file": path_arg(&flags.merge_file, "merge_file") })
+    };
+    registry.tokenizer(&ty, config).with_context(|| {
+        format!(
+            "building the checkpoint's tokenizer {ty} (pass --tokenizer-type/--vocab-file/--merge-file to override)"
+        )
+    })
+}
+
+/// Loads `flags.load` into a tp = 1 GPT on the chosen backend.
+pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> {
+    let dir = &flags.load;
+    let ckpt = megatron_checkpoint::load(dir, flags.ckpt_step)
+        .with_context(|| format!("opening checkpoint {} (--load)", dir.display()))?;
+    let args = ckpt.metadata.meta.args.clone();
+    let tokenizer = tokenizer_for(registry, flags, &args)?;
+    let padded = ckpt.entry("embedding.word_embeddings.weight")?.global_shape[0];
+    // The model's vocabulary is the one it was trained with; a NullTokenizer adds its eod.
+    let vocab_size = if args["mock_data"].as_bool() == Some(true) && args["tokenizer_type"].is_null() {
+        arg_usize(&args, "vocab_size", dir)?
+    } else {
+        tokenizer.vocab_size()
+    };
+    if vocab_size > padded {
+        bail!(
+            "tokenizer vocabulary {vocab_size} is larger than the checkpoint's embedding ({padded} rows): \
+             wrong --vocab-file for {}?",
+            dir.display()
+        );
+    }
+    let config = gpt_config_from_args(&args, vocab_size, padded, dir)?;
+    let backend: Arc<dyn Backend> =
+        registry.backend(&flags.backend, json!({ "threads": flags.threads })).context("building the backend")?;
+    let mut model = GptModel::new(config, backend.clone(), ParallelContext::single())?;
+    {
+        let mut params = megatron_core::Model::params_mut(&mut model);
+        ckpt.load_params(&mut params, backend.as_ref())
+            .with_context(|| format!("loading weights from {}", dir.display()))?;
+    }
+    let eod = tokenizer.special_ids().eod.map_or(vocab_size.saturating_sub(1) as i32, |e| e as i32);
+    Ok(LoadedModel { model, tokenizer, vocab_size, eod, args, iteration: ckpt.iteration() })
+}

@@ -1,0 +1,12 @@
+//! Text generation: sampling ([`sampling`]), the static-batching generation loop over the GPT
+//! kv cache ([`engine`]), rebuilding a model from a checkpoint ([`loader`]) and the
+//! `megatron generate` command ([`cli`]).
+
+pub mod cli;
+pub mod engine;
+pub mod loader;
+pub mod sampling;
+
+pub use engine::{Generated, GenerationParams, Generator};
+pub use loader::{load_model, LoadArgs, LoadedModel};
+pub use sampling::SamplingParams;

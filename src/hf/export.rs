@@ -1,0 +1,141 @@
+//! `megatron export hf`: a checkpoint (any TP layout: the reader reassembles the shards)
+//! becomes a Hugging Face `GPT2LMHeadModel` directory — `config.json`, `model.safetensors`
+//! (vocabulary padding removed, tied head stored once as HF does), `generation_config.json`,
+//! and `vocab.json` + `merges.txt` when the tokenizer is GPT-2 BPE. Written into a temporary
+//! directory that is renamed into place, so a crash never leaves a half-written export.
+
+use crate::generate::loader::{load_model, LoadArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use megatron_core::Registry;
+use megatron_gpt::{export_hf_gpt2, Export, GptModel, HfTensor};
+use safetensors::{serialize, Dtype};
+use serde_json::json;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Clone, Debug)]
+pub struct ExportHfArgs {
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Output directory (must not exist, or be empty).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Every HF tensor of `model`: the GPT-2 name map plus `lm_head.weight` when untied.
+pub fn hf_tensors(model: &GptModel) -> Result<Vec<HfTensor>> {
+    let mut tensors = export_hf_gpt2(model, Export::Values)?;
+    if let Some(head) = &model.output_layer {
+        let vocab = model.config().vocab_size;
+        let data = model.backend().to_host(&head.value)?.to_f32_vec();
+        let h = head.layout.global_shape[1];
+        tensors.push(("lm_head.weight".into(), vec![vocab, h], data[..vocab * h].to_vec()));
+    }
+    Ok(tensors)
+}
+
+/// `model.safetensors` bytes (f32, `{"format": "pt"}` metadata as transformers writes).
+pub fn safetensors_bytes(tensors: &[HfTensor]) -> Result<Vec<u8>> {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, s, d)| (n.clone(), s.clone(), d.iter().flat_map(|v| v.to_le_bytes()).collect()))
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            let v = safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)
+                .map_err(|e| anyhow::anyhow!("tensor `{n}`: {e:?}"))?;
+            Ok((n.clone(), v))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    serialize(views, &Some(meta)).map_err(|e| anyhow::anyhow!("serialising model.safetensors: {e:?}"))
+}
+
+/// The HF `config.json` of `model` (SPEC §7.7: gelu_new is the tanh GeLU we compute).
+pub fn hf_config(model: &GptModel, eod: i32) -> serde_json::Value {
+    let c = model.config();
+    let ffn = c.ffn_hidden_size();
+    json!({
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "vocab_size": c.vocab_size,
+        "n_positions": c.max_position_embeddings,
+        "n_embd": c.hidden_size,
+        "n_layer": c.num_layers,
+        "n_head": c.num_attention_heads,
+        "n_inner": if ffn == 4 * c.hidden_size { serde_json::Value::Null } else { json!(ffn) },
+        "layer_norm_epsilon": c.layernorm_epsilon,
+        "initializer_range": c.init_method_std,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "scale_attn_weights": true,
+        "use_cache": true,
+        "bos_token_id": eod,
+        "eos_token_id": eod,
+        "tie_word_embeddings": !c.untie_embeddings_and_output_weights,
+        "torch_dtype": "float32",
+    })
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))
+}
+
+pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
+    let out = &args.out;
+    if out.exists() && std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("--out {} already exists and is not empty; choose a new directory", out.display());
+    }
+    let loaded = load_model(registry, &args.load)?;
+    let c = loaded.model.config();
+    if c.normalization != megatron_transformer::NormKind::LayerNorm || c.swiglu || !c.add_bias_linear {
+        bail!("only GPT-2 shaped models export to GPT2LMHeadModel (LayerNorm, GeLU MLP, biases)");
+    }
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let name = out.file_name().context("--out needs a directory name")?.to_string_lossy().to_string();
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+
+    let tensors = hf_tensors(&loaded.model)?;
+    write_synced(&tmp.join("model.safetensors"), &safetensors_bytes(&tensors)?)?;
+    let config = hf_config(&loaded.model, loaded.eod);
+    write_synced(&tmp.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
+    let gen = json!({ "bos_token_id": loaded.eod, "eos_token_id": loaded.eod, "_from_model_config": true });
+    write_synced(&tmp.join("generation_config.json"), serde_json::to_string_pretty(&gen)?.as_bytes())?;
+    if loaded.tokenizer.name() == "GPT2BPETokenizer" {
+        let file = |flag: &Option<PathBuf>, key: &str| -> Result<PathBuf> {
+            flag.clone()
+                .or_else(|| loaded.args[key].as_str().map(PathBuf::from))
+                .with_context(|| format!("the checkpoint's args name no {key}; pass --{}", key.replace('_', "-")))
+        };
+        for (src, dst) in [
+            (file(&args.load.vocab_file, "vocab_file")?, "vocab.json"),
+            (file(&args.load.merge_file, "merge_file")?, "merges.txt"),
+        ] {
+            let bytes = std::fs::read(&src).with_context(|| format!("reading tokenizer file {}", src.display()))?;
+            write_synced(&tmp.join(dst), &bytes)?;
+        }
+    }
+    if out.exists() {
+        std::fs::remove_dir(out).with_context(|| format!("cannot replace empty {}", out.display()))?;
+    }
+    std::fs::rename(&tmp, out).with_context(|| format!("cannot move {} to {}", tmp.display(), out.display()))?;
+    println!(
+        "exported iteration {} of {} to {} ({} tensors, vocab {})",
+        loaded.iteration,
+        args.load.load.display(),
+        out.display(),
+        tensors.len(),
+        c.vocab_size
+    );
+    Ok(())
+}

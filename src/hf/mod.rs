@@ -1,0 +1,22 @@
+//! Hugging Face GPT-2 interchange (SPEC §7.7): `megatron export hf` ([`export`]) and
+//! `megatron import hf` ([`import`]). The tensor name map and layouts live in
+//! `megatron_gpt::hf_gpt2`; this module handles checkpoints, configs and files.
+
+pub mod export;
+pub mod import;
+
+use clap::Subcommand;
+
+/// `megatron export <format>`.
+#[derive(Subcommand, Debug)]
+pub enum ExportCommand {
+    /// A checkpoint to a Hugging Face GPT2LMHeadModel directory.
+    Hf(export::ExportHfArgs),
+}
+
+/// `megatron import <format>`.
+#[derive(Subcommand, Debug)]
+pub enum ImportCommand {
+    /// A Hugging Face GPT-2 directory to a checkpoint (iteration 0).
+    Hf(import::ImportHfArgs),
+}

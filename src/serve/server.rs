@@ -1,0 +1,299 @@
+//! The HTTP side of `megatron serve`: a pool of HTTP threads parses and validates requests
+//! and hands generation jobs to ONE model thread through a FIFO queue (the model is not
+//! shared; Megatron likewise serialises requests with a lock). The model thread batches
+//! queued requests that share every generation setting (and set no `random_seed`) into one
+//! static batch of up to `max_batch_prompts` prompts, so concurrent clients share the
+//! decoding steps. A failed request never stops the server: errors become HTTP 400 JSON.
+
+use super::request::{parse, ApiRequest};
+use crate::generate::{GenerationParams, Generator, LoadedModel};
+use anyhow::{anyhow, Result};
+use megatron_core::Tokenizer;
+use serde_json::{json, Value};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tiny_http::{Header, Method, Response, Server};
+
+/// Largest accepted request body; bigger ones get a 400 without being read.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Server settings besides the model.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub http_threads: usize,
+    /// Most prompts generated together when batching queued requests.
+    pub max_batch_prompts: usize,
+    /// Seed of requests without `random_seed` (each gets `seed + request number`).
+    pub seed: u64,
+    /// Print one line per request (unless the request sets `no_log`).
+    pub log: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions { http_threads: 16, max_batch_prompts: 8, seed: 1234, log: true }
+    }
+}
+
+/// A generation job: tokenized prompts, settings, and where to send the JSON reply.
+struct Job {
+    prompts: Vec<Vec<i32>>,
+    params: GenerationParams,
+    logprobs: bool,
+    batchable: bool,
+    reply: Sender<Result<Value, String>>,
+}
+
+/// A running server; [`ServerHandle::shutdown`] stops it (also on drop).
+pub struct ServerHandle {
+    addr: SocketAddr,
+    server: Arc<Server>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// The bound address (useful with port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Blocks until the server stops (it runs until the process ends or `shutdown`).
+    pub fn join(mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
+    pub fn shutdown(mut self) {
+        self.stop_threads();
+    }
+
+    fn stop_threads(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for _ in 0..self.threads.len() {
+            self.server.unblock();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+/// Binds `host:port` (port 0 = any free port) and starts the HTTP and model threads.
+pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> Result<ServerHandle> {
+    let server =
+        Arc::new(Server::http(format!("{host}:{port}")).map_err(|e| anyhow!("cannot listen on {host}:{port}: {e}"))?);
+    let addr = server.server_addr().to_ip().ok_or_else(|| anyhow!("server is not bound to an IP address"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = channel::<Job>();
+    let tokenizer = loaded.tokenizer.clone();
+    let ctx = Arc::new(HttpContext {
+        tokenizer: tokenizer.clone(),
+        eod: loaded.eod,
+        colon: tokenizer.encode(":").ok().and_then(|v| v.first().map(|&t| t as i32)),
+        max_positions: loaded.model.config().max_position_embeddings,
+        jobs: Mutex::new(tx),
+        counter: AtomicU64::new(0),
+        opts: opts.clone(),
+    });
+    let mut threads = Vec::new();
+    let model_stop = stop.clone();
+    let max_batch = opts.max_batch_prompts.max(1);
+    threads.push(std::thread::Builder::new().name("megatron-model".into()).spawn(move || {
+        model_loop(loaded, rx, max_batch, model_stop);
+    })?);
+    for i in 0..opts.http_threads.max(1) {
+        let (server, ctx, stop) = (server.clone(), ctx.clone(), stop.clone());
+        threads.push(std::thread::Builder::new().name(format!("megatron-http-{i}")).spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                match server.recv() {
+                    Ok(req) => handle(req, &ctx),
+                    Err(_) => break,
+                }
+            }
+        })?);
+    }
+    Ok(ServerHandle { addr, server, stop, threads })
+}
+
+/// What the HTTP threads share.
+struct HttpContext {
+    tokenizer: Arc<dyn Tokenizer>,
+    eod: i32,
+    colon: Option<i32>,
+    max_positions: usize,
+    jobs: Mutex<Sender<Job>>,
+    counter: AtomicU64,
+    opts: ServeOptions,
+}
+
+fn json_response(status: u16, body: &Value) -> Response<std::io::Cursor<Vec<u8>>> {
+    let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("static header is valid");
+    Response::from_string(body.to_string()).with_status_code(status).with_header(header)
+}
+
+fn handle(mut req: tiny_http::Request, ctx: &HttpContext) {
+    let t0 = std::time::Instant::now();
+    let url = req.url().to_string();
+    let (status, body, log) = match (req.method(), url.as_str()) {
+        (Method::Get, "/health") => (200, json!({ "status": "ok" }), None),
+        (Method::Put, "/api") | (Method::Post, "/api") => match read_body(&mut req).and_then(|b| api(&b, ctx)) {
+            Ok((v, log)) => (200, v, log),
+            Err(e) => (400, json!({ "error": e }), None),
+        },
+        (_, "/api") | (_, "/health") => {
+            (405, json!({ "error": "method not allowed: use PUT /api or GET /health" }), None)
+        }
+        _ => (404, json!({ "error": format!("no endpoint {url}: use PUT /api or GET /health") }), None),
+    };
+    if let Some(line) = log {
+        println!("{line} in {:.3}s", t0.elapsed().as_secs_f64());
+    }
+    // A client that went away makes this fail; nothing else is affected.
+    let _ = req.respond(json_response(status, &body));
+}
+
+fn read_body(req: &mut tiny_http::Request) -> Result<Vec<u8>, String> {
+    if req.body_length().is_some_and(|n| n > MAX_BODY_BYTES) {
+        return Err(format!("request body larger than {MAX_BODY_BYTES} bytes"));
+    }
+    let mut body = Vec::new();
+    req.as_reader()
+        .take(MAX_BODY_BYTES as u64 + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| format!("cannot read the request body: {e}"))?;
+    if body.len() > MAX_BODY_BYTES {
+        return Err(format!("request body larger than {MAX_BODY_BYTES} bytes"));
+    }
+    Ok(body)
+}
+
+/// Validates, tokenizes, queues the job and waits for its reply.
+fn api(body: &[u8], ctx: &HttpContext) -> Result<(Value, Option<String>), String> {
+    let r: ApiRequest = parse(body)?;
+    let mut prompts = Vec::with_capacity(r.prompts.len());
+    for (i, p) in r.prompts.iter().enumerate() {
+        let mut ids: Vec<i32> = if r.add_bos { vec![ctx.eod] } else { Vec::new() };
+        ids.extend(
+            ctx.tokenizer
+                .encode(p)
+                .map_err(|e| format!("prompt {i} cannot be tokenized: {e}"))?
+                .iter()
+                .map(|&t| t as i32),
+        );
+        if ids.is_empty() {
+            return Err(format!("prompt {i} has no tokens; use add_BOS"));
+        }
+        if ids.len() + r.tokens_to_generate > ctx.max_positions {
+            return Err(format!(
+                "prompt {i} has {} tokens; with tokens_to_generate {} that exceeds the model's context of {} tokens",
+                ids.len(),
+                r.tokens_to_generate,
+                ctx.max_positions
+            ));
+        }
+        prompts.push(ids);
+    }
+    let n = ctx.counter.fetch_add(1, Ordering::SeqCst);
+    let mut stop_tokens = vec![ctx.eod];
+    if r.stop_token != ctx.eod as i64 && (0..i32::MAX as i64).contains(&r.stop_token) {
+        stop_tokens.push(r.stop_token as i32);
+    }
+    let params = GenerationParams {
+        tokens_to_generate: r.tokens_to_generate,
+        sampling: r.sampling,
+        stop_tokens,
+        stop_on_eol: r.stop_on_eol,
+        stop_on_double_eol: r.stop_on_double_eol,
+        prevent_newline_after: if r.prevent_newline_after_colon { ctx.colon } else { None },
+        seed: r.random_seed.unwrap_or(ctx.opts.seed.wrapping_add(n)),
+        use_kv_cache: true,
+    };
+    let (tx, rx) = channel();
+    let job = Job { prompts, params, logprobs: r.logprobs, batchable: r.random_seed.is_none(), reply: tx };
+    ctx.jobs
+        .lock()
+        .map_err(|_| "server is shutting down".to_string())?
+        .send(job)
+        .map_err(|_| "server is shutting down".to_string())?;
+    let value = rx.recv().map_err(|_| "the model thread stopped".to_string())??;
+    let log = (ctx.opts.log && !r.no_log)
+        .then(|| format!("request {n}: {} prompt(s), {} tokens", r.prompts.len(), r.tokens_to_generate));
+    Ok((value, log))
+}
+
+/// Jobs that can run in one static batch: everything but the prompts is the same.
+fn compatible(a: &Job, b: &Job) -> bool {
+    a.batchable
+        && b.batchable
+        && a.logprobs == b.logprobs
+        && GenerationParams { seed: 0, ..a.params.clone() } == GenerationParams { seed: 0, ..b.params.clone() }
+}
+
+fn model_loop(mut loaded: LoadedModel, rx: Receiver<Job>, max_batch: usize, stop: Arc<AtomicBool>) {
+    let tokenizer = loaded.tokenizer.clone();
+    let mut pending: Vec<Job> = Vec::new();
+    loop {
+        if pending.is_empty() {
+            match rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(job) => pending.push(job),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !stop.load(Ordering::SeqCst) => continue,
+                Err(_) => return,
+            }
+        }
+        pending.extend(rx.try_iter());
+        // The oldest job and every queued job compatible with it, up to the batch size.
+        let first = pending.remove(0);
+        let mut batch = vec![first];
+        let mut prompts = batch[0].prompts.len();
+        let mut i = 0;
+        while i < pending.len() {
+            if compatible(&batch[0], &pending[i]) && prompts + pending[i].prompts.len() <= max_batch {
+                prompts += pending[i].prompts.len();
+                batch.push(pending.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        run_batch(&mut loaded, tokenizer.as_ref(), batch);
+    }
+}
+
+fn run_batch(loaded: &mut LoadedModel, tok: &dyn Tokenizer, batch: Vec<Job>) {
+    let all: Vec<Vec<i32>> = batch.iter().flat_map(|j| j.prompts.iter().cloned()).collect();
+    let mut gen = Generator { model: &mut loaded.model, vocab_size: loaded.vocab_size, pad_id: loaded.eod };
+    let result = gen.generate(&all, &batch[0].params, &mut |_, _| true);
+    let mut row = 0;
+    for job in batch {
+        let n = job.prompts.len();
+        let reply = match &result {
+            Ok(g) => response(tok, &g.tokens[row..row + n], job.logprobs.then(|| &g.logprobs[row..row + n])),
+            Err(e) => Err(format!("{e:#}")),
+        };
+        row += n;
+        let _ = job.reply.send(reply); // the HTTP thread may be gone with its client
+    }
+}
+
+/// Megatron's response: `text`, `segments`, `logprobs` (null unless requested), `tokens`.
+fn response(tok: &dyn Tokenizer, tokens: &[Vec<i32>], logprobs: Option<&[Vec<f32>]>) -> Result<Value, String> {
+    let mut text = Vec::new();
+    let mut segments = Vec::new();
+    for row in tokens {
+        let ids: Vec<u32> = row.iter().map(|&t| t as u32).collect();
+        text.push(tok.decode(&ids).map_err(|e| format!("detokenizing: {e}"))?);
+        segments.push(ids.iter().map(|&t| tok.decode(&[t]).unwrap_or_default()).collect::<Vec<_>>());
+    }
+    Ok(json!({ "text": text, "segments": segments, "logprobs": logprobs, "tokens": tokens }))
+}
