@@ -177,6 +177,12 @@ pub struct PretrainArgs {
     pub vocab_file: Option<PathBuf>,
     #[arg(long)]
     pub merge_file: Option<PathBuf>,
+    /// `tokenizer.json` of `--tokenizer-type HuggingFaceTokenizer`.
+    #[arg(long)]
+    pub tokenizer_model: Option<PathBuf>,
+    /// Extra `<extra_id_i>` tokens of the BERT WordPiece tokenizers.
+    #[arg(long)]
+    pub vocab_extra_ids: Option<usize>,
     /// Vocabulary size for `--mock-data` / `NullTokenizer`.
     #[arg(long)]
     pub vocab_size: Option<usize>,

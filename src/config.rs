@@ -135,10 +135,23 @@ impl TrainConfig {
     /// Config of the tokenizer plugin.
     pub fn tokenizer_config(&self) -> Value {
         let a = &self.args;
-        match self.tokenizer_type.as_deref() {
-            Some("NullTokenizer") => json!({ "vocab_size": a.vocab_size }),
-            _ => json!({ "vocab_file": a.vocab_file, "merge_file": a.merge_file }),
+        // Only the flags that were given: each tokenizer plugin rejects fields it does not
+        // know, so a flag meant for another tokenizer type is reported, not ignored.
+        let mut m = serde_json::Map::new();
+        let paths =
+            [("vocab_file", &a.vocab_file), ("merge_file", &a.merge_file), ("tokenizer_model", &a.tokenizer_model)];
+        for (name, value) in paths {
+            if let Some(v) = value {
+                m.insert(name.into(), json!(v));
+            }
         }
+        if let Some(n) = a.vocab_extra_ids {
+            m.insert("vocab_extra_ids".into(), json!(n));
+        }
+        if self.tokenizer_type.as_deref() == Some("NullTokenizer") {
+            m.insert("vocab_size".into(), json!(a.vocab_size));
+        }
+        Value::Object(m)
     }
 
     /// Config of the model plugin (the GPT model's `GptConfig`).

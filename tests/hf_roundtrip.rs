@@ -40,7 +40,25 @@ fn import(fixture: &Path, save: &Path, registry: &Registry) {
 #[test]
 fn imported_hf_gpt2_matches_reference_and_exports_bit_identically() {
     let Some(data) = common::shared_data() else { return };
-    let fixture = data.join("hf_gpt2_tiny");
+    check_against_transformers(&data.join("hf_gpt2_tiny"), &data);
+}
+
+/// The same checks on any GPT-2 directory whose `reference.json` was written by
+/// `shared/tools/hf_check.py check --dir DIR > DIR/reference.json` (transformers). Used once
+/// to check a model trained with `megatron pretrain` and exported with `megatron export hf`:
+/// `MEGATRON_HF_CHECK_DIR=DIR cargo test --test hf_roundtrip -- --nocapture`.
+#[test]
+fn exported_model_matches_transformers_when_given() {
+    let Some(dir) = std::env::var_os("MEGATRON_HF_CHECK_DIR") else {
+        println!("skipping: set MEGATRON_HF_CHECK_DIR to an exported GPT-2 directory with a reference.json");
+        return;
+    };
+    let Some(data) = common::shared_data() else { return };
+    check_against_transformers(Path::new(&dir), &data);
+}
+
+fn check_against_transformers(fixture: &Path, data: &Path) {
+    let fixture = fixture.to_path_buf();
     let reference: Value = serde_json::from_slice(&std::fs::read(fixture.join("reference.json")).unwrap()).unwrap();
     let registry = Registry::builtin().unwrap();
     let tmp = tempfile::tempdir().unwrap();
