@@ -97,6 +97,9 @@ impl GptModel {
         let positions: Vec<i32> = (0..b).flat_map(|_| (offset..offset + tq).map(|p| p as i32)).collect();
         let positions = bk.from_host(HostBuffer::I32(positions), &[tokens.len()])?;
         let step = StepInfo { batch: b, seq: tq, train: false, seed: 0 };
+        // The layer buffers are overwritten: no training microbatch can be backpropagated now.
+        self.stash.clear();
+        self.live = None;
 
         // Embedding at absolute positions (no dropout in inference).
         let input = self.decoder.input_mut(&step)?;

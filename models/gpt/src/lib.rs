@@ -5,6 +5,7 @@
 //! GPT-2 style by default: learned absolute positions, pre-LayerNorm, GeLU (tanh), biases,
 //! embedding dropout, and the output layer tied to the word embedding.
 
+mod activation_stash;
 pub mod config;
 pub mod hf_gpt2;
 pub mod inference;

@@ -11,7 +11,8 @@
 //! Memory besides the per-layer activations (see `megatron_transformer::layer`): the logits
 //! `(B, T, V/tp)` (turned into their own gradient in place by the cross-entropy backward), the
 //! residual stream buffers `(L/pp+1)·(B, T, C)`, a shared backward scratch of a few `(B, T, C)`
-//! and `(B, T, F/tp)` buffers, and per in-flight microbatch its stage input (see `stage`).
+//! and `(B, T, F/tp)` buffers. With several microbatches in flight on a pipeline stage, one
+//! such set of activations per microbatch (see `activation_stash`).
 
 use crate::config::GptConfig;
 use crate::stage::Saved;
@@ -23,7 +24,7 @@ use megatron_core::{
 use megatron_transformer::step::empty;
 use megatron_transformer::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Init, LanguageModelEmbedding, LocalSpecProvider, ModuleBuilder,
-    SpecProvider, Split, StepInfo, TransformerBlock, VocabParallelCrossEntropy,
+    SavedActivations, SpecProvider, Split, StepInfo, TransformerBlock, VocabParallelCrossEntropy,
 };
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -53,9 +54,14 @@ pub struct GptModel {
     pub(crate) layers: Range<usize>,
     /// What each in-flight training microbatch's backward needs, by microbatch id.
     pub(crate) stash: BTreeMap<usize, Saved>,
-    /// The microbatch whose activations the module buffers hold (backward of any other one
-    /// recomputes its forward first).
+    /// The in-flight microbatch whose activations the module buffers hold (the others' are in
+    /// their stash entries).
     pub(crate) live: Option<usize>,
+    /// Activation sets no microbatch uses, swapped into the modules when the live one is
+    /// stashed (so a stage allocates its sets once, not every iteration).
+    pub(crate) spare: Vec<SavedActivations>,
+    /// Stage forwards run (see [`GptModel::forward_count`]).
+    pub(crate) forwards: usize,
 }
 
 impl GptModel {
@@ -118,6 +124,8 @@ impl GptModel {
             d_hidden: empty(bk)?,
             stash: BTreeMap::new(),
             live: None,
+            spare: Vec::new(),
+            forwards: 0,
             layers,
             config,
             vocab_padded,
@@ -211,7 +219,7 @@ impl Model for GptModel {
     fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
         self.require_whole_model("forward")?;
         // One microbatch in flight: a new forward replaces whatever was saved.
-        self.stash.clear();
+        self.discard_in_flight();
         match self.forward_stage(0, batch, None, mode)? {
             StageOutput::Loss(report) => Ok(report),
             StageOutput::Hidden(_) => bail!("the whole-model forward produced hidden states instead of a loss"),
@@ -236,7 +244,7 @@ impl Model for GptModel {
         }
         let step = StepInfo { batch: micro_batch_size, seq: seq_length, train: false, seed: 0 };
         let ids = self.upload_ids(tokens, "token", self.vocab_padded, None)?;
-        self.stash.clear();
+        self.discard_in_flight();
         self.run_forward(Some(&ids), None, &step)?;
         self.run_logits(&step)?;
         let mut out = self.backend.zeros(self.logits.shape(), DType::F32)?;

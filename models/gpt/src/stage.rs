@@ -1,31 +1,27 @@
 //! The pipeline-stage forward and backward of [`GptModel`] (the [`megatron_core::Model`] stage
 //! API, SPEC §5.5) and the tied-embedding gradient finalize (SPEC §5.10 step 3).
 //!
-//! Several microbatches may be in flight (1F1B keeps up to `pp - stage` on a stage), but the
-//! modules keep the activations of one forward in their buffers. Each training forward
-//! therefore stashes only what is needed to redo it — the stage input (token ids on the first
-//! stage, the received `(B, T, C)` hidden states elsewhere) plus labels and loss mask on the
-//! last stage — and the backward of a microbatch whose activations are no longer in the
-//! buffers first recomputes its forward (full recomputation of the stage, SPEC §6.9: dropout
-//! masks are pure functions of the microbatch seed, so the recomputed activations are
-//! identical). The last stage runs each backward right after its forward (1F1B warmup 0) and
-//! never recomputes; earlier stages pay one extra forward per microbatch but hold only one
-//! `(B, T, C)` tensor per microbatch in flight instead of every layer's activations.
+//! Several microbatches may be in flight (1F1B keeps up to `pp - stage` on a stage). Each
+//! training forward keeps what its backward needs: the token ids (first stage), labels and
+//! loss mask (last stage) here, and every module's saved activations, which stay in the
+//! module buffers until another forward needs them and are then moved aside (see
+//! [`crate::activation_stash`]). A backward never re-runs its forward.
 
 use crate::model::GptModel;
 use anyhow::{bail, Context, Result};
 use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
 use megatron_transformer::step::ensure_shape;
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
-use megatron_transformer::{linear_backward, linear_forward, StepInfo};
+use megatron_transformer::{linear_backward, linear_forward, SavedActivations, StepInfo};
 
 /// What the backward of one in-flight training microbatch needs.
 pub(crate) struct Saved {
     step: StepInfo,
     tokens: Option<DeviceTensor>, // (B*T) int32, first stage
-    input: Option<DeviceTensor>,  // (B, T, C) from the previous stage, other stages
     labels: Option<DeviceTensor>, // (B*T) int32, last stage
     loss_mask: Vec<f32>,          // (B*T), last stage
+    /// The module activations once moved out of the buffers (`None` while they are live).
+    pub(crate) activations: Option<SavedActivations>,
 }
 
 impl GptModel {
@@ -39,6 +35,7 @@ impl GptModel {
         if step.seq > self.config.max_position_embeddings {
             bail!("sequence length {} > max_position_embeddings {}", step.seq, self.config.max_position_embeddings);
         }
+        self.forwards += 1;
         let x = self.decoder.input_mut(step)?;
         match (self.embedding.as_mut(), tokens, input) {
             (Some(emb), Some(ids), None) => emb.forward(ids, x, step)?,
@@ -106,8 +103,8 @@ impl GptModel {
                 Some(x)
             }
         };
-        // Whatever the buffers held is overwritten now.
-        self.live = None;
+        // The buffers are overwritten now: move a microbatch still waiting for backward aside.
+        self.stash_live()?;
         self.run_forward(tokens.as_ref(), input.as_ref(), &step)?;
         let (output, labels) = if last {
             let labels = self.upload_ids(&batch.labels, "label", self.vocab_padded, Some(&batch.loss_mask))?;
@@ -128,7 +125,7 @@ impl GptModel {
         };
         if train {
             let loss_mask = if last { batch.loss_mask.clone() } else { Vec::new() };
-            self.stash.insert(microbatch, Saved { step, tokens, input, labels, loss_mask });
+            self.stash.insert(microbatch, Saved { step, tokens, labels, loss_mask, activations: None });
             self.live = Some(microbatch);
         }
         Ok(output)
@@ -141,7 +138,7 @@ impl GptModel {
         grad_scale: f32,
         on_grads_ready: GradsReadyHook,
     ) -> Result<Option<DeviceTensor>> {
-        let saved = self.stash.remove(&microbatch).with_context(|| {
+        let mut saved = self.stash.remove(&microbatch).with_context(|| {
             format!(
                 "backward of microbatch {microbatch} on pipeline stage {} without its training forward \
                  (in flight: {:?})",
@@ -151,14 +148,8 @@ impl GptModel {
         })?;
         let step = saved.step;
         let last = self.ctx.is_last_stage();
-        if self.live != Some(microbatch) {
-            self.run_forward(saved.tokens.as_ref(), saved.input.as_ref(), &step)?;
-            if let Some(labels) = &saved.labels {
-                self.run_logits(&step)?;
-                self.cross_entropy.forward(&self.logits, labels, self.vocab_start())?;
-            }
-        }
-        // The cross-entropy backward consumes the logits: nothing stays reusable.
+        self.restore_activations(microbatch, &mut saved)?;
+        // The backward consumes the buffers (the logits become d_logits): nothing to keep.
         self.live = None;
         let backend = self.backend.clone();
         let bk = backend.as_ref();

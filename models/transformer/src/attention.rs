@@ -121,6 +121,15 @@ impl SelfAttention {
         self.linear_qkv.backward(x, &scratch.d_qkv, Some(d_x))
     }
 
+    /// The `qkv (B, T, 3C/tp)`, `context (B, T, C/tp)` and `lse (B, np/tp, T)` of the last
+    /// forward (and whatever the linears keep), see [`crate::step::SavedActivations`].
+    pub fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        let mut v = vec![&mut self.qkv, &mut self.context, &mut self.lse];
+        v.extend(self.linear_qkv.saved_activations_mut());
+        v.extend(self.linear_proj.saved_activations_mut());
+        v
+    }
+
     /// An empty key/value cache of this layer's heads for `batch` rows of up to `capacity`
     /// tokens (inference only).
     pub fn new_kv_cache(&self, batch: usize, capacity: usize) -> Result<LayerKvCache> {

@@ -169,6 +169,21 @@ impl TransformerBlock {
         Ok(&self.d_residual)
     }
 
+    /// Everything the last forward saved for backward: the residual stream `(L+1)·(B, T, C)`,
+    /// the output `(B, T, C)`, and every layer's and the final norm's tensors, in a fixed order
+    /// (see [`crate::step::SavedActivations`]). The backward scratch and `d_residual` are not
+    /// listed: only one backward runs at a time, so they stay shared.
+    pub fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        let mut v: Vec<&mut DeviceTensor> = self.residuals.iter_mut().chain([&mut self.output]).collect();
+        for layer in self.layers.iter_mut() {
+            v.extend(layer.saved_activations_mut());
+        }
+        if let Some(norm) = self.final_layernorm.as_mut() {
+            v.extend(norm.saved_activations_mut());
+        }
+        v
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         let mut p: Vec<&Param> = self.layers.iter().flat_map(|l| l.params()).collect();
         if let Some(norm) = &self.final_layernorm {

@@ -46,6 +46,11 @@ impl VocabParallelCrossEntropy {
         Ok(sum_exp.iter().zip(&target).map(|(&s, &z)| (s as f64).ln() - z as f64).collect())
     }
 
+    /// The row statistics `3·(N)` of the last forward (see [`crate::step::SavedActivations`]).
+    pub fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        vec![&mut self.row_max, &mut self.sum_exp, &mut self.target_logit]
+    }
+
     /// Overwrites `logits` with `d loss / d logits = (softmax - onehot) * d_loss[i]`, using the
     /// statistics of the last [`Self::forward`] on the same logits and targets.
     pub fn backward_inplace(

@@ -148,6 +148,17 @@ impl TransformerLayer {
         backend.axpy(d_res, 1.0, d_branch)
     }
 
+    /// Everything this layer's last forward saved for backward (about `16·N·C` floats, see the
+    /// module doc), in a fixed order; the layer input belongs to the block.
+    pub fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        let mut v = vec![&mut self.ln1_out, &mut self.h1, &mut self.ln2_out];
+        v.extend(self.input_layernorm.saved_activations_mut());
+        v.extend(self.self_attention.saved_activations_mut());
+        v.extend(self.pre_mlp_layernorm.saved_activations_mut());
+        v.extend(self.mlp.saved_activations_mut());
+        v
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         let mut p = self.input_layernorm.params();
         p.extend(self.self_attention.params());

@@ -36,4 +36,4 @@ pub use spec::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, SelfAttentionSpec,
     SpecProvider, TransformerBlockSpec, TransformerConfig, TransformerLayerSpec,
 };
-pub use step::{BackwardScratch, DropoutSite, ModuleScratch, StepInfo};
+pub use step::{BackwardScratch, DropoutSite, ModuleScratch, SavedActivations, StepInfo};

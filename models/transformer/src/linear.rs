@@ -37,6 +37,13 @@ pub trait LinearLayer: Send {
     fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: Option<&mut DeviceTensor>) -> Result<()>;
     /// `(in_local, out_local)`: the feature sizes of this rank's shard.
     fn local_features(&self) -> (usize, usize);
+    /// What the last forward saved for backward besides the caller-owned input (see
+    /// [`crate::step::SavedActivations`]). The local linears keep nothing per microbatch (the
+    /// row-parallel bias `ones` depend on the shape only); an implementation that caches
+    /// something per forward (a transposed or quantised input) must list it here.
+    fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        Vec::new()
+    }
     fn params(&self) -> Vec<&Param>;
     fn params_mut(&mut self) -> Vec<&mut Param>;
 }

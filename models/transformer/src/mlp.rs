@@ -98,6 +98,15 @@ impl Mlp {
         self.linear_fc1.backward(x, &scratch.d_fc1, Some(d_x))
     }
 
+    /// `fc1_out (B, T, F/tp)` (`2F/tp` gated) and `act_out (B, T, F/tp)` of the last forward
+    /// (and whatever the linears keep), see [`crate::step::SavedActivations`].
+    pub fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        let mut v = vec![&mut self.fc1_out, &mut self.act_out];
+        v.extend(self.linear_fc1.saved_activations_mut());
+        v.extend(self.linear_fc2.saved_activations_mut());
+        v
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         self.linear_fc1.params().into_iter().chain(self.linear_fc2.params()).collect()
     }

@@ -22,6 +22,10 @@ pub trait NormLayer: Send {
     fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()>;
     /// Overwrites `d_x (N, C)`, accumulates the weight (and bias) gradients.
     fn backward(&mut self, d_out: &DeviceTensor, x: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()>;
+    /// The per-row statistics the last forward saved for backward (see
+    /// [`crate::step::SavedActivations`]); every implementation must list all of them, or a
+    /// pipeline stage with several microbatches in flight backpropagates the wrong ones.
+    fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor>;
     fn params(&self) -> Vec<&Param>;
     fn params_mut(&mut self) -> Vec<&mut Param>;
 }
@@ -69,6 +73,10 @@ impl NormLayer for LayerNorm {
         )
     }
 
+    fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        vec![&mut self.mean, &mut self.rstd]
+    }
+
     fn params(&self) -> Vec<&Param> {
         vec![&self.weight, &self.bias]
     }
@@ -104,6 +112,10 @@ impl NormLayer for RmsNorm {
 
     fn backward(&mut self, d_out: &DeviceTensor, x: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
         self.backend.rmsnorm_backward(d_out, x, &self.weight.value, &self.rstd, d_x, &mut self.weight.grad)
+    }
+
+    fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        vec![&mut self.rstd]
     }
 
     fn params(&self) -> Vec<&Param> {

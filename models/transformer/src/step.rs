@@ -1,8 +1,10 @@
 //! Per-microbatch run information shared by every module ([`StepInfo`]), dropout seed
-//! derivation, and the activation-buffer helper that allocates once per `(B, T)` shape.
+//! derivation, the activation-buffer helper that allocates once per `(B, T)` shape, and
+//! [`SavedActivations`], the saved-for-backward tensors of one forward moved out of the modules
+//! (pipeline stages keep several microbatches in flight).
 
 use crate::init::mix64;
-use anyhow::Result;
+use anyhow::{bail, Result};
 use megatron_core::{Backend, DType, DeviceTensor};
 
 /// Where a dropout mask is applied; part of the seed so no two sites share a mask.
@@ -73,6 +75,44 @@ pub fn ensure_shape(backend: &dyn Backend, t: &mut DeviceTensor, shape: &[usize]
 /// An empty placeholder until the first forward fixes the shape.
 pub fn empty(backend: &dyn Backend) -> Result<DeviceTensor> {
     backend.zeros(&[0], DType::F32)
+}
+
+/// The saved-for-backward tensors of one training forward, moved out of the modules that hold
+/// them (each module lists its own through a `saved_activations_mut` method, in a fixed order).
+/// Moving is a handle swap: no copy, no allocation. A forward run while a microbatch's tensors
+/// are out of the modules refills them through [`ensure_shape`] (fresh buffers when the
+/// modules hold [`SavedActivations::placeholders`], reused ones when they hold a spare set).
+pub struct SavedActivations {
+    tensors: Vec<DeviceTensor>,
+}
+
+impl SavedActivations {
+    /// `n` zero-size tensors: swapped into the modules they leave nothing to reuse, so the next
+    /// forward allocates.
+    pub fn placeholders(backend: &dyn Backend, n: usize) -> Result<SavedActivations> {
+        Ok(SavedActivations { tensors: (0..n).map(|_| empty(backend)).collect::<Result<_>>()? })
+    }
+
+    /// Exchanges these tensors with the module slots `slots` (same order as they were taken).
+    pub fn swap_with(&mut self, slots: Vec<&mut DeviceTensor>) -> Result<()> {
+        if slots.len() != self.tensors.len() {
+            bail!(
+                "an activation stash of {} tensors cannot be swapped with {} module buffers (stashed from a \
+                 different model?)",
+                self.tensors.len(),
+                slots.len()
+            );
+        }
+        for (slot, t) in slots.into_iter().zip(&mut self.tensors) {
+            std::mem::swap(slot, t);
+        }
+        Ok(())
+    }
+
+    /// Bytes held (for memory accounting and tests).
+    pub fn bytes(&self) -> usize {
+        self.tensors.iter().map(|t| t.numel() * t.dtype().size()).sum()
+    }
 }
 
 /// Gradient buffers of the backward pass, shared by all layers of a block (only one layer
