@@ -131,6 +131,12 @@ pub struct PretrainArgs {
     pub tensor_model_parallel_size: usize,
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
+    /// Decoder layers of the first pipeline stage; the rest split evenly over the others.
+    #[arg(long)]
+    pub decoder_first_pipeline_num_layers: Option<usize>,
+    /// Decoder layers of the last pipeline stage (the LM head and loss live there too).
+    #[arg(long)]
+    pub decoder_last_pipeline_num_layers: Option<usize>,
     /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x pp).
     #[arg(long, visible_alias = "world-size", default_value_t = 1)]
     pub nproc: usize,

@@ -44,6 +44,12 @@ impl TrainConfig {
                  --pipeline-model-parallel-size {pp}"
             ),
         );
+        need(
+            pp > 1 || (a.decoder_first_pipeline_num_layers.is_none() && a.decoder_last_pipeline_num_layers.is_none()),
+            "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers need \
+             --pipeline-model-parallel-size >= 2; drop them"
+                .into(),
+        );
         let dp = (world_size / (tp * pp)).max(1);
         need(a.micro_batch_size > 0, "--micro-batch-size must be > 0".into());
         let gbs = a.global_batch_size.unwrap_or(a.micro_batch_size * dp);
@@ -157,7 +163,7 @@ impl TrainConfig {
     /// Config of the model plugin (the GPT model's `GptConfig`).
     pub fn model_config(&self, vocab_size: usize) -> Value {
         let a = &self.args;
-        json!({
+        let mut config = json!({
             "num_layers": a.num_layers,
             "hidden_size": a.hidden_size,
             "num_attention_heads": a.num_attention_heads,
@@ -175,7 +181,18 @@ impl TrainConfig {
             "swiglu": a.swiglu,
             "position_embedding_type": a.position_embedding_type,
             "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
-        })
+        });
+        // Only when given: models without pipeline stages reject fields they do not know.
+        let split = [
+            ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),
+            ("decoder_last_pipeline_num_layers", a.decoder_last_pipeline_num_layers),
+        ];
+        for (name, n) in split {
+            if let (Some(n), Some(m)) = (n, config.as_object_mut()) {
+                m.insert(name.into(), json!(n));
+            }
+        }
+        config
     }
 
     /// Padded vocabulary (SPEC §3.2).

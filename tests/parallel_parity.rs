@@ -2,7 +2,8 @@
 //! for 20 steps (fp32, dropout off, same global batch) under every (tp, pp, dp) layout gives
 //! per-iteration losses and gradient norms within 1e-5 relative of tp = pp = dp = 1;
 //! `--overlap-grad-reduce` gives bitwise the same run; a checkpoint saved under one layout
-//! resumes under another (tp2·dp2 ⇄ tp1·dp1, pp2 → tp2) on the uninterrupted trajectory.
+//! resumes under another (tp2·dp2 ⇄ tp1·dp1, pp2 → tp2) on the uninterrupted trajectory; an
+//! uneven pipeline split (`--decoder-first-pipeline-num-layers`) matches too.
 
 mod common;
 use common::*;
@@ -82,6 +83,23 @@ fn checkpoints_reshard_between_layouts() {
         println!("save [{save_layout}] -> load [{load_layout}]: max relative loss diff {diff:.2e}");
         assert!(diff < 1e-5, "save [{save_layout}] -> load [{load_layout}]: {diff:.2e}");
     }
+}
+
+/// `--decoder-first-pipeline-num-layers`: pp = 2 as 3 + 1 of 4 layers trains the same model
+/// (global layer numbering) as one rank; impossible splits are errors naming the flag.
+#[test]
+fn uneven_pipeline_split_matches_the_single_rank_run() {
+    let reference = pretrain(&parity_flags("--num-layers 4")).unwrap();
+    let uneven = format!("{} --num-layers 4 --decoder-first-pipeline-num-layers 3", layout(1, 2, 1));
+    let run = pretrain(&parity_flags(&uneven)).unwrap();
+    let (loss, norm) = (max_rel(&run.losses, &reference.losses), max_rel(&run.grad_norms, &reference.grad_norms));
+    println!("pp2 first=3 of 4: max relative diff loss {loss:.2e}, grad norm {norm:.2e}");
+    assert!(loss < 1e-5 && norm < 1e-5, "pp2 first=3: loss {loss:.2e}, grad norm {norm:.2e}");
+    let bad = format!("{} --num-layers 4 --decoder-first-pipeline-num-layers 4", layout(1, 2, 1));
+    let err = format!("{:#}", pretrain(&parity_flags(&bad)).unwrap_err());
+    assert!(err.contains("--decoder-first-pipeline-num-layers 4"), "{err}");
+    let err = pretrain(&parity_flags("--decoder-last-pipeline-num-layers 1")).unwrap_err().to_string();
+    assert!(err.contains("--pipeline-model-parallel-size >= 2"), "{err}");
 }
 
 #[test]

@@ -11,8 +11,8 @@
 //! `backward`) nothing moves and nothing is allocated; with `k` in flight the stage holds `k`
 //! sets, allocated during the first iteration and reused afterwards.
 //!
-//! Memory of one set (f32, `N = B·T`, per stage of `L/pp` layers): the residual stream and
-//! block output `(L/pp + 2)·(B, T, C)`, about `16·N·C/tp`-ish per layer (see
+//! Memory of one set (f32, `N = B·T`, per stage of `n` layers, `L/pp` when even): the residual
+//! stream and block output `(n + 2)·(B, T, C)`, about `16·N·C/tp`-ish per layer (see
 //! `megatron_transformer::layer`: `ln1_out, h1, ln2_out (B, T, C)`, `qkv (B, T, 3C/tp)`,
 //! `context (B, T, C/tp)`, `fc1_out, act_out (B, T, F/tp)`, `lse (B, np/tp, T)`, norm
 //! statistics `(N)`), and on the last stage the logits `(B, T, V/tp)` plus the cross-entropy

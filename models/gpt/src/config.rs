@@ -4,6 +4,7 @@
 use anyhow::{bail, Result};
 use megatron_transformer::{NormKind, TransformerConfig};
 use serde::{Deserialize, Serialize};
+use std::ops::Range;
 
 fn default_divisible_by() -> usize {
     128
@@ -73,6 +74,13 @@ pub struct GptConfig {
     /// `false` is `--disable-bias-linear`.
     #[serde(default = "default_true")]
     pub add_bias_linear: bool,
+    /// Decoder layers of the first pipeline stage (`--decoder-first-pipeline-num-layers`);
+    /// `None` splits evenly (SPEC §5.5, see [`crate::pipeline_split`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_first_pipeline_num_layers: Option<usize>,
+    /// Decoder layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_last_pipeline_num_layers: Option<usize>,
 }
 
 impl GptConfig {
@@ -104,6 +112,8 @@ impl GptConfig {
             position_embedding_type: default_position_embedding(),
             untie_embeddings_and_output_weights: false,
             add_bias_linear: true,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
         }
     }
 
@@ -149,6 +159,12 @@ impl GptConfig {
             bail!("init_method_std must be > 0, got {}", self.init_method_std);
         }
         Ok(())
+    }
+
+    /// Global decoder layers of pipeline stage `stage` of `pp` (even or uneven split).
+    pub fn stage_layers(&self, pp: usize, stage: usize) -> Result<Range<usize>> {
+        let (first, last) = (self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers);
+        crate::pipeline_split::stage_range(self.num_layers, pp, stage, first, last)
     }
 
     /// The per-layer sizes the transformer crate needs.

@@ -10,12 +10,14 @@ pub mod config;
 pub mod hf_gpt2;
 pub mod inference;
 pub mod model;
+pub mod pipeline_split;
 mod stage;
 
 pub use config::GptConfig;
 pub use hf_gpt2::{export_hf_gpt2, load_hf_gpt2, load_hf_gpt2_file, Export, HfTensor};
 pub use inference::KvCache;
-pub use model::{stage_layers, GptModel};
+pub use model::GptModel;
+pub use pipeline_split::{pipeline_split, stage_layers, stage_range};
 
 use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};
 use megatron_core::{Factory, Model, Plugin, Result};

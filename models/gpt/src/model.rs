@@ -1,7 +1,8 @@
 //! [`GptModel`]: embedding → decoder block → (tied) output layer → vocab-parallel cross
 //! entropy, implementing [`megatron_core::Model`] with explicit forward and backward. With
 //! pipeline parallelism one object is one stage (SPEC §5.5): the first stage holds the
-//! embedding, every stage its `L/pp` layers (global numbering), the last the final norm, the
+//! embedding, every stage its share of the layers (global numbering; even, or uneven with the
+//! first/last stage counts, see [`crate::pipeline_split`]), the last the final norm, the
 //! output layer and the loss. The stage forward/backward live in [`crate::stage`].
 //!
 //! Activations are `(B, T, C)` row-major; Megatron-Core keeps `[s, b, h]`. The per-token math
@@ -10,7 +11,7 @@
 //!
 //! Memory besides the per-layer activations (see `megatron_transformer::layer`): the logits
 //! `(B, T, V/tp)` (turned into their own gradient in place by the cross-entropy backward), the
-//! residual stream buffers `(L/pp+1)·(B, T, C)`, a shared backward scratch of a few `(B, T, C)`
+//! residual stream buffers `(stage layers + 1)·(B, T, C)`, a shared backward scratch of a few `(B, T, C)`
 //! and `(B, T, F/tp)` buffers. With several microbatches in flight on a pipeline stage, one
 //! such set of activations per microbatch (see `activation_stash`).
 
@@ -78,7 +79,7 @@ impl GptModel {
         provider: &dyn SpecProvider,
     ) -> Result<GptModel> {
         config.validate()?;
-        let layers = stage_layers(config.num_layers, ctx.pp_size(), ctx.pp_rank)?;
+        let layers = config.stage_layers(ctx.pp_size(), ctx.pp_rank)?;
         let (first, last) = (ctx.is_first_stage(), ctx.is_last_stage());
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;
@@ -197,18 +198,6 @@ impl GptModel {
         }
         Ok(())
     }
-}
-
-/// Global layer numbers of stage `stage` of `pp` (even split, SPEC §5.5).
-pub fn stage_layers(num_layers: usize, pp: usize, stage: usize) -> Result<Range<usize>> {
-    if pp == 0 || !num_layers.is_multiple_of(pp) || num_layers < pp {
-        bail!(
-            "--num-layers {num_layers} must be a multiple of --pipeline-model-parallel-size {pp} (every stage \
-             gets the same number of layers, at least one); change one of them"
-        );
-    }
-    let per = num_layers / pp;
-    Ok(stage * per..(stage + 1) * per)
 }
 
 impl Model for GptModel {

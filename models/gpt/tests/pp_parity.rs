@@ -1,4 +1,5 @@
-//! Pipeline parallelism: the tiny GPT split into pp = 2 / 4 stages (and tp = 2 x pp = 2), run
+//! Pipeline parallelism: the tiny GPT split into pp = 2 / 4 stages (and tp = 2 x pp = 2, and
+//! uneven first/last stage sizes at pp = 2 / 3), run
 //! with the `1f1b` schedule over the threads communicator, matches the single-stage model
 //! run with `no-pipelining` on the same microbatches: identical initial parameters (global
 //! layer names and seeds), per-microbatch losses and, after `finalize_grads`, every gradient
@@ -245,6 +246,44 @@ fn tp2_pp2_matches_single_stage() {
     c.num_layers = 4;
     c.hidden_dropout = 0.1; // acts on replicated activations: the same mask at any TP size
     check_pipeline_matches_single_stage(&c, 2, 2, 3);
+}
+
+/// Uneven splits (`--decoder-first/last-pipeline-num-layers`) keep global layer numbers, so
+/// they train the single-stage model: pp = 2 as 3+1 and 1+3, pp = 3 as 1+2+1 of 4 layers.
+#[test]
+fn uneven_pp2_and_pp3_match_single_stage() {
+    let mut c = dropout_config(4);
+    c.decoder_first_pipeline_num_layers = Some(3);
+    check_pipeline_matches_single_stage(&c, 1, 2, 3);
+    c.decoder_first_pipeline_num_layers = None;
+    c.decoder_last_pipeline_num_layers = Some(3);
+    check_pipeline_matches_single_stage(&c, 1, 2, 2);
+    c.decoder_first_pipeline_num_layers = Some(1);
+    c.decoder_last_pipeline_num_layers = Some(1);
+    check_pipeline_matches_single_stage(&c, 1, 3, 4);
+}
+
+#[test]
+fn uneven_stage_ranges_and_errors() {
+    let mut c = dropout_config(4);
+    c.decoder_first_pipeline_num_layers = Some(1);
+    c.decoder_last_pipeline_num_layers = Some(1);
+    let grid = RankGrid::new(3, 1, 1, 3).unwrap();
+    let comms = LocalCommunicator::world(3, Duration::from_secs(5));
+    let ranges: Vec<_> = (0..3)
+        .map(|r| GptModel::new(c.clone(), backend(), grid.context(r, comms[r].clone())).unwrap().layer_range())
+        .collect();
+    assert_eq!(ranges, vec![0..1, 1..3, 3..4]);
+    // First = 1 alone leaves 3 layers for the 2 other stages: not an even split.
+    c.decoder_last_pipeline_num_layers = None;
+    let err = GptModel::new(c.clone(), backend(), grid.context(1, comms[1].clone())).err().unwrap().to_string();
+    assert!(
+        err.contains("--decoder-first-pipeline-num-layers 1") && err.contains("split evenly over the 2 other"),
+        "{err}"
+    );
+    c.decoder_first_pipeline_num_layers = Some(0);
+    let err = GptModel::new(c, backend(), grid.context(0, comms[0].clone())).err().unwrap().to_string();
+    assert!(err.contains("--decoder-first-pipeline-num-layers must be larger than 0"), "{err}");
 }
 
 #[test]
