@@ -141,23 +141,16 @@ impl TrainConfig {
     /// Config of the tokenizer plugin.
     pub fn tokenizer_config(&self) -> Value {
         let a = &self.args;
-        // Only the flags that were given: each tokenizer plugin rejects fields it does not
-        // know, so a flag meant for another tokenizer type is reported, not ignored.
-        let mut m = serde_json::Map::new();
-        let paths =
-            [("vocab_file", &a.vocab_file), ("merge_file", &a.merge_file), ("tokenizer_model", &a.tokenizer_model)];
-        for (name, value) in paths {
-            if let Some(v) = value {
-                m.insert(name.into(), json!(v));
-            }
+        // --vocab-size also sizes --mock-data, so it is a tokenizer field only for NullTokenizer.
+        let null = self.tokenizer_type.as_deref() == Some("NullTokenizer");
+        crate::tokenizer_flags::TokenizerFlags {
+            vocab_file: a.vocab_file.as_ref(),
+            merge_file: a.merge_file.as_ref(),
+            tokenizer_model: a.tokenizer_model.as_ref(),
+            vocab_size: if null { a.vocab_size } else { None },
+            vocab_extra_ids: a.vocab_extra_ids,
         }
-        if let Some(n) = a.vocab_extra_ids {
-            m.insert("vocab_extra_ids".into(), json!(n));
-        }
-        if self.tokenizer_type.as_deref() == Some("NullTokenizer") {
-            m.insert("vocab_size".into(), json!(a.vocab_size));
-        }
-        Value::Object(m)
+        .config()
     }
 
     /// Config of the model plugin (the GPT model's `GptConfig`).

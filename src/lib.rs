@@ -15,6 +15,7 @@ pub mod plugins;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod serve;
 pub mod signals;
+pub mod tokenizer_flags;
 pub mod tools;
 // The training driver calls megatron-optim and megatron-checkpoint directly (the `minimal`
 // build has neither: `megatron pretrain` then reports the features it needs).

@@ -12,7 +12,6 @@ use megatron_datasets::gpt::{epoch_plan, GptDescription, GptSplitConfig, IndexSp
 use megatron_datasets::npy::{write_atomic, write_npy};
 use megatron_datasets::split::{parse_split, split_bookends, split_ranges, DEFAULT_SPLIT, SPLIT_NAMES};
 use megatron_datasets::{GptDataset, IndexedDataset, TokenizerDescription};
-use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -68,17 +67,15 @@ pub fn run(cmd: &DataCommand, registry: &Registry) -> Result<()> {
 
 fn tokenizer(a: &InspectArgs, registry: &Registry) -> Result<Option<Arc<dyn Tokenizer>>> {
     let Some(t) = &a.tokenizer_type else { return Ok(None) };
-    let mut cfg = Map::new();
-    if let Some(v) = a.vocab_size {
-        cfg.insert("vocab_size".into(), json!(v));
+    let cfg = crate::tokenizer_flags::TokenizerFlags {
+        vocab_file: a.vocab_file.as_ref(),
+        merge_file: a.merge_file.as_ref(),
+        vocab_size: a.vocab_size,
+        ..Default::default()
     }
-    for (name, value) in [("vocab_file", &a.vocab_file), ("merge_file", &a.merge_file)] {
-        if let Some(v) = value {
-            cfg.insert(name.into(), json!(v));
-        }
-    }
+    .config();
     let tok = registry
-        .tokenizer(t, Value::Object(cfg))
+        .tokenizer(t, cfg)
         .with_context(|| format!("building tokenizer {t} from --vocab-file/--merge-file/--vocab-size"))?;
     Ok(Some(tok))
 }

@@ -28,7 +28,7 @@ use megatron_core::Registry;
 use megatron_datasets::indexed::with_suffix;
 use megatron_datasets::{IndexedDatasetBuilder, TokenDType};
 use pipeline::OnBadLine;
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 /// `megatron preprocess` flags (Megatron's names).
@@ -119,20 +119,14 @@ pub fn output_prefix_for(output_prefix: &Path, key: &str, split_sentences: bool)
 /// The tokenizer plugin config: only the flags that were given, so that each tokenizer's
 /// `deny_unknown_fields` config accepts it.
 pub fn tokenizer_config(a: &PreprocessArgs) -> Value {
-    let mut m = Map::new();
-    for (name, value) in
-        [("vocab_file", &a.vocab_file), ("merge_file", &a.merge_file), ("tokenizer_model", &a.tokenizer_model)]
-    {
-        if let Some(v) = value {
-            m.insert(name.into(), json!(v));
-        }
+    crate::tokenizer_flags::TokenizerFlags {
+        vocab_file: a.vocab_file.as_ref(),
+        merge_file: a.merge_file.as_ref(),
+        tokenizer_model: a.tokenizer_model.as_ref(),
+        vocab_size: a.vocab_size,
+        vocab_extra_ids: a.vocab_extra_ids,
     }
-    for (name, value) in [("vocab_size", a.vocab_size), ("vocab_extra_ids", a.vocab_extra_ids)] {
-        if let Some(v) = value {
-            m.insert(name.into(), json!(v));
-        }
-    }
-    Value::Object(m)
+    .config()
 }
 
 fn validate(a: &PreprocessArgs) -> Result<()> {
