@@ -1,6 +1,12 @@
 //! Elementwise ops and reductions: fill, scale, axpy, add, sum_rows, sum_squares, abs_max and
 //! dropout. Each splits its slice into [`CHUNK`]-sized pieces run in parallel by rayon, with a
 //! plain contiguous loop inside that LLVM vectorises.
+//!
+//! Reductions never let rayon choose the order of the additions: [`ordered_reduce`] cuts the
+//! input into pieces whose size is fixed by the caller (never by the pool), maps them in
+//! parallel and combines the partial results left to right in index order. Rayon's own
+//! `sum`/`reduce` combine along a split tree that depends on the thread count and on work
+//! stealing, so the rounding (and a training run) changed with the load of the machine.
 
 use crate::check::{f32s, f32s_mut, in_range, numel, rows_cols, same_numel};
 use crate::rng::DropoutMask;
@@ -10,6 +16,32 @@ use rayon::prelude::*;
 
 /// Elements per parallel task: big enough to amortise rayon's ~µs scheduling cost.
 pub(crate) const CHUNK: usize = 1 << 14;
+
+/// Maps each item of `pieces` in parallel and folds the results left to right in index order:
+/// the same bits whatever the pool size or the load, as long as the caller's pieces do not
+/// depend on either (cut them with a constant size, never from `current_num_threads`).
+pub(crate) fn ordered_reduce<I, T, M, C>(pieces: I, map: M, combine: C) -> Option<T>
+where
+    I: IndexedParallelIterator,
+    T: Send,
+    M: Fn(I::Item) -> T + Sync + Send,
+    C: FnMut(T, T) -> T,
+{
+    // `collect` on an indexed iterator keeps the input order whatever the split was.
+    let parts: Vec<T> = pieces.map(map).collect();
+    parts.into_iter().reduce(combine)
+}
+
+/// `Σ f(piece)` over the [`CHUNK`]-sized pieces of `x`, added in index order (see
+/// [`ordered_reduce`]).
+pub(crate) fn ordered_sum(x: &[f32], f: impl Fn(&[f32]) -> f64 + Sync + Send) -> f64 {
+    ordered_reduce(x.par_chunks(CHUNK), f, |a, b| a + b).unwrap_or(0.0)
+}
+
+/// `acc += b` elementwise: the combine step of vector-valued reductions.
+pub(crate) fn add_into(acc: &mut [f32], b: &[f32]) {
+    acc.iter_mut().zip(b).for_each(|(a, &b)| *a += b);
+}
 
 pub(crate) fn fill(t: &mut DeviceTensor, value: f32) -> Result<()> {
     let x = f32s_mut("fill", "t", t)?;
@@ -47,18 +79,20 @@ pub(crate) fn sum_rows(x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
     numel("sum_rows", "out", out, c, "the last dim of `x`")?;
     let xv = f32s("sum_rows", "x", x)?;
     let o = f32s_mut("sum_rows", "out", out)?;
+    // Pieces of whole rows, sized by CHUNK and C only: the partial sums are the same for any pool.
     let rows_per_task = (CHUNK / c).max(1);
-    let partial = xv
-        .par_chunks(rows_per_task * c)
-        .map(|rows| {
+    let partial = ordered_reduce(
+        xv.par_chunks(rows_per_task * c),
+        |rows| {
             let mut acc = vec![0.0f32; c];
             sum_rows_kernel(rows, &mut acc);
             acc
-        })
-        .reduce_with(|mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(a, &b)| *a += b);
+        },
+        |mut a, b| {
+            add_into(&mut a, &b);
             a
-        });
+        },
+    );
     if let Some(p) = partial.filter(|_| n > 0) {
         o.iter_mut().zip(&p).for_each(|(o, &p)| *o += p);
     }
@@ -67,11 +101,12 @@ pub(crate) fn sum_rows(x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
 
 pub(crate) fn sum_squares(x: &DeviceTensor) -> Result<f64> {
     let xv = f32s("sum_squares", "x", x)?;
-    Ok(xv.par_chunks(CHUNK).map(sum_squares_kernel).sum())
+    Ok(ordered_sum(xv, sum_squares_kernel))
 }
 
 pub(crate) fn abs_max(x: &DeviceTensor) -> Result<(f32, bool)> {
     let xv = f32s("abs_max", "x", x)?;
+    // max and | are exact, so any combination order gives the same answer.
     Ok(xv.par_chunks(CHUNK).map(abs_max_kernel).reduce(|| (0.0, false), |a, b| (a.0.max(b.0), a.1 | b.1)))
 }
 

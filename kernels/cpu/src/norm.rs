@@ -1,10 +1,12 @@
-//! LayerNorm and RMSNorm over the last dim, forward and backward side by side. Blocks of rows
-//! run in parallel; the weight/bias gradients are summed per block and then reduced, so the
-//! result is deterministic for a given thread count.
+//! LayerNorm and RMSNorm over the last dim, forward and backward side by side. Blocks of
+//! [`ROWS`] rows run in parallel; the weight/bias gradients are summed per block and the block
+//! sums added in block order ([`ordered_reduce`]), so the result does not depend on the thread
+//! count or on scheduling.
 //!
 //! Cached by forward for backward: `mean` `(N)` and `rstd` `(N)` (RMSNorm: `rstd` only).
 
 use crate::check::{f32s, f32s_mut, numel, rows_cols, same_numel};
+use crate::elementwise::{add_into, ordered_reduce};
 use crate::simd;
 use crate::simd_kernel;
 use megatron_core::{DeviceTensor, Result};
@@ -12,10 +14,6 @@ use rayon::prelude::*;
 
 /// Rows per parallel task (C = 768: 96 KiB of input per task).
 const ROWS: usize = 32;
-
-fn add_into(acc: &mut [f32], part: &[f32]) {
-    acc.iter_mut().zip(part).for_each(|(a, &b)| *a += b);
-}
 
 pub(crate) fn layernorm_forward(
     x: &DeviceTensor,
@@ -93,19 +91,20 @@ pub(crate) fn layernorm_backward(
     let (mv, rv) = (f32s(OP, "mean", mean)?, f32s(OP, "rstd", rstd)?);
     let dx = f32s_mut(OP, "d_x", d_x)?;
     // [dW | dB] partial sums (2C), one per task, reduced below.
-    let partial = dx
-        .par_chunks_mut(ROWS * c)
-        .zip(dy.par_chunks(ROWS * c).zip(xv.par_chunks(ROWS * c)))
-        .zip(mv.par_chunks(ROWS).zip(rv.par_chunks(ROWS)))
-        .map(|((dx, (dy, x)), (mv, rv))| {
+    let partial = ordered_reduce(
+        dx.par_chunks_mut(ROWS * c)
+            .zip(dy.par_chunks(ROWS * c).zip(xv.par_chunks(ROWS * c)))
+            .zip(mv.par_chunks(ROWS).zip(rv.par_chunks(ROWS))),
+        |((dx, (dy, x)), (mv, rv))| {
             let mut dwb = vec![0.0f32; 2 * c];
             layernorm_backward_kernel(dx, dy, x, w, mv, rv, &mut dwb);
             dwb
-        })
-        .reduce_with(|mut a, b| {
+        },
+        |mut a, b| {
             add_into(&mut a, &b);
             a
-        });
+        },
+    );
     let dwb = partial.unwrap_or_else(|| vec![0.0; 2 * c]);
     add_into(f32s_mut(OP, "d_weight", d_weight)?, &dwb[..c]);
     if let Some(d_bias) = d_bias {
@@ -194,19 +193,18 @@ pub(crate) fn rmsnorm_backward(
     let (dy, xv) = (f32s(OP, "d_out", d_out)?, f32s(OP, "x", x)?);
     let (w, rv) = (f32s(OP, "weight", weight)?, f32s(OP, "rstd", rstd)?);
     let dx = f32s_mut(OP, "d_x", d_x)?;
-    let partial = dx
-        .par_chunks_mut(ROWS * c)
-        .zip(dy.par_chunks(ROWS * c).zip(xv.par_chunks(ROWS * c)))
-        .zip(rv.par_chunks(ROWS))
-        .map(|((dx, (dy, x)), rv)| {
+    let partial = ordered_reduce(
+        dx.par_chunks_mut(ROWS * c).zip(dy.par_chunks(ROWS * c).zip(xv.par_chunks(ROWS * c))).zip(rv.par_chunks(ROWS)),
+        |((dx, (dy, x)), rv)| {
             let mut dw = vec![0.0f32; c];
             rmsnorm_backward_kernel(dx, dy, x, w, rv, &mut dw);
             dw
-        })
-        .reduce_with(|mut a, b| {
+        },
+        |mut a, b| {
             add_into(&mut a, &b);
             a
-        });
+        },
+    );
     if let Some(dw) = partial {
         add_into(f32s_mut(OP, "d_weight", d_weight)?, &dw);
     }
