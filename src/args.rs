@@ -81,6 +81,11 @@ pub struct PretrainArgs {
     pub exit_duration_in_mins: Option<f64>,
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
+    /// Megatron's flag for bit-reproducible runs. Accepted for compatibility: CPU runs are
+    /// always deterministic (reductions add fixed-size pieces in index order, whatever the
+    /// thread count or machine load; same losses and grad norms for any --threads).
+    #[arg(long)]
+    pub deterministic_mode: bool,
 
     // ---- learning rate (SPEC §11.4) -----------------------------------------------------
     #[arg(long)]
