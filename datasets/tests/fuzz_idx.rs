@@ -146,9 +146,8 @@ fn mutate(rng: &mut Rng, idx: &mut Vec<u8>, bin: &mut Vec<u8>) {
                 let rest = body - 12 * s;
                 put(idx, 18, s, 8);
                 put(idx, 26, rest / 8, 8);
-                if rest % 8 != 0 {
-                    idx.truncate(idx.len() - (rest % 8) as usize);
-                }
+                // Drop the bytes that do not fill a whole document index.
+                idx.truncate(idx.len() - (rest % 8) as usize);
             }
             // An interesting i32/i64 into the arrays.
             4 => {
