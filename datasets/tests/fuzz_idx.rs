@@ -238,8 +238,14 @@ fn exercise(prefix: &Path, rng: &mut Rng, stats: &mut Stats) -> Result<(), Strin
             }
         };
         let _ = (ds.num_tokens(), ds.num_documents(), ds.document_indices().len(), ds.bin_bytes().len());
+        // Integer tokens always decode; float dtypes may hold non-integers (a clear error).
+        let float = matches!(ds.dtype(), TokenDType::F32 | TokenDType::F64);
         for i in 0..ds.len().min(64) {
-            ds.sequence(i).expect("a validated sequence reads back");
+            match ds.sequence(i) {
+                Ok(_) => {}
+                Err(e) if float => assert!(format!("{e:#}").contains("not a token id"), "{e:#}"),
+                Err(e) => panic!("a validated sequence does not read back: {e:#}"),
+            }
             gets += 1;
         }
         for _ in 0..16 {
