@@ -14,13 +14,14 @@ BEFORE="${BEFORE:-}"
 ITERS="${ITERS:-40}"
 DATA="${DATA:-../shared/data}"
 OUT="${OUT:-$(mktemp -d /tmp/determinism_table.XXXXXX)}"
+mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 prefix="$DATA/tinyshakespeare_gpt2_text_document"
 [ -f "$prefix.idx" ] || { echo "SKIP: $prefix.idx is absent (reference data lives in ../shared/data)"; exit 0; }
 [ -x "$AFTER" ] || { echo "no AFTER binary at $AFTER: cargo build --release first" >&2; exit 1; }
 FLAGS="--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256 \
   --micro-batch-size 8 --global-batch-size 8 --train-iters $ITERS --lr 1e-3 --min-lr 1e-4 --lr-decay-style cosine \
-  --lr-warmup-iters 10 --weight-decay 0.1 --clip-grad 1.0 --seed 1234 --log-interval 1 \
+  --lr-warmup-iters 3 --weight-decay 0.1 --clip-grad 1.0 --seed 1234 --log-interval 1 \
   --eval-interval 1000000 --eval-iters 1 --data-path $prefix --split 98,2,0 \
   --tokenizer-type GPT2BPETokenizer --vocab-file $DATA/gpt2/vocab.json --merge-file $DATA/gpt2/merges.txt"
 
