@@ -71,6 +71,10 @@ impl TrainConfig {
             ),
         );
         need(a.seq_length > 0, "--seq-length must be > 0".into());
+        need(
+            a.make_vocab_size_divisible_by > 0,
+            "--make-vocab-size-divisible-by must be >= 1 (Megatron's default is 128)".into(),
+        );
         // Megatron requires --max-position-embeddings; we default it to --seq-length (noted in README).
         let max_pos = a.max_position_embeddings.unwrap_or(a.seq_length);
         need(
