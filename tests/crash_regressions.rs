@@ -72,3 +72,43 @@ fn tokenizer_train_rejects_a_huge_vocab_before_allocating() {
     assert_clean_error(&megatron_limited(&argv), "--vocab-size 4000000000 is too large");
     assert!(!Path::new(&out).join("vocab.json").exists());
 }
+
+/// A tiny checkpoint saved by the binary, in `dir/ckpt`; returns its iteration directory.
+fn tiny_checkpoint(dir: &Path) -> std::path::PathBuf {
+    let save = dir.join("ckpt");
+    let args =
+        tiny_pretrain(&format!("--train-iters 4 --lr-warmup-iters 1 --save {} --save-interval 4", save.display()));
+    let out = megatron_limited(&strs(&args));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    save.join("iter_0000004")
+}
+
+#[test]
+fn checkpoint_metadata_claiming_a_huge_model_is_rejected_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let iter_dir = tiny_checkpoint(dir.path());
+    let meta_path = iter_dir.join("metadata.json");
+    let good = std::fs::read_to_string(&meta_path).unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let ckpt = ckpt.to_str().unwrap();
+    let cases = [
+        ("num_layers", 100_000u64, "args say num_layers 100000, but the checkpoint stores 2 decoder layers"),
+        ("hidden_size", 1 << 20, "hidden_size 1048576"),
+        ("max_position_embeddings", 1 << 30, "max_position_embeddings 1073741824"),
+        ("ffn_hidden_size", 1 << 30, "ffn_hidden_size 1073741824"),
+    ];
+    for (key, value, needle) in cases {
+        let mut meta: serde_json::Value = serde_json::from_str(&good).unwrap();
+        meta["args"][key] = value.into();
+        std::fs::write(&meta_path, meta.to_string()).unwrap();
+        let out = megatron_limited(&["generate", "--load", ckpt, "--prompt", "1 2 3", "--tokens-to-generate", "2"]);
+        assert_clean_error(&out, needle);
+        let export = dir.path().join(format!("hf-{key}"));
+        let out = megatron_limited(&["export", "hf", "--load", ckpt, "--out", export.to_str().unwrap()]);
+        assert_clean_error(&out, needle);
+    }
+    // The untouched checkpoint still generates.
+    std::fs::write(&meta_path, &good).unwrap();
+    let out = megatron_limited(&["generate", "--load", ckpt, "--prompt", "1 2 3", "--tokens-to-generate", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
