@@ -11,15 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-600}"
 seed="${2:-1}"
-cargo test --test checkpoint_fuzz --no-run
-run() {
-    MEGATRON_FUZZ_SECONDS="$seconds" MEGATRON_FUZZ_SEED="$seed" \
-        cargo test --test checkpoint_fuzz -- --nocapture --test-threads 1
-}
+# Build, then run the test binary itself: `cargo test` would hold the build lock all session.
+bin=$(cargo test --test checkpoint_fuzz --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*checkpoint_fuzz[^"]*\)".*/\1/p' | tail -1)
+[ -x "$bin" ] || { echo "could not build tests/checkpoint_fuzz.rs"; exit 1; }
+cmd=(env MEGATRON_FUZZ_SECONDS="$seconds" MEGATRON_FUZZ_SEED="$seed" "$bin" --nocapture --test-threads 1)
 if [ -d /work ] && command -v flock >/dev/null; then
-    export -f run
-    export seconds seed
-    flock /work/heavy.lock bash -c run
+    flock /work/heavy.lock "${cmd[@]}"
 else
-    run
+    "${cmd[@]}"
 fi
