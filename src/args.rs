@@ -223,4 +223,8 @@ pub struct PretrainArgs {
     /// (`model: {name: gpt, ...}`); the file wins over flags (docs/plugins.md).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Start even when the memory estimate (parameters, gradients, optimizer state,
+    /// activations) exceeds this machine's memory or cgroup limit.
+    #[arg(long)]
+    pub skip_memory_check: bool,
 }

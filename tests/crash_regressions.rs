@@ -112,3 +112,22 @@ fn checkpoint_metadata_claiming_a_huge_model_is_rejected_before_allocating() {
     let out = megatron_limited(&["generate", "--load", ckpt, "--prompt", "1 2 3", "--tokens-to-generate", "2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn runs_that_cannot_fit_are_refused_with_the_estimate_before_allocating() {
+    // The address-space limit of `megatron_limited` is one of the limits the check reads.
+    for extra in [
+        "--train-iters 1 --num-layers 100000",
+        "--train-iters 1 --seq-length 1000000 --max-position-embeddings 1000000",
+    ] {
+        let args = tiny_pretrain(extra);
+        let out = megatron_limited(&strs(&args));
+        assert_clean_error(&out, "this run needs about");
+        assert_clean_error(&out, "--skip-memory-check");
+    }
+    // A run that fits reports its estimate and trains; the override flag is accepted.
+    let args = tiny_pretrain("--train-iters 1 --lr-warmup-iters 0 --skip-memory-check");
+    let out = megatron_limited(&strs(&args));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("memory estimate"));
+}

@@ -58,6 +58,17 @@ pub fn build_trainer_with_comm(
     if ctx.rank == 0 {
         println!(" > padded vocab (size: {vocab_size}) with {} dummy tokens (new size: {padded})", padded - vocab_size);
     }
+    // Before datasets and model: refuse a run that cannot fit (src/train/memory.rs).
+    if let Some(e) = super::memory::check(&cfg, vocab_size, padded)? {
+        if ctx.rank == 0 {
+            println!(
+                " > memory estimate: {:.3} GiB (parameters + gradients + optimizer state {:.3} GiB, activations {:.3} GiB)",
+                e.total() as f64 / (1u64 << 30) as f64,
+                (e.param_bytes + e.grad_bytes + e.optimizer_bytes) as f64 / (1u64 << 30) as f64,
+                e.activation_bytes as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
     let tokenizer_fingerprint =
         tokenizer.as_ref().map(|t| t.fingerprint()).unwrap_or_else(|| format!("vocab:{vocab_size}"));
 
