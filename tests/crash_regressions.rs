@@ -131,3 +131,38 @@ fn runs_that_cannot_fit_are_refused_with_the_estimate_before_allocating() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("memory estimate"));
 }
+
+/// The system's libm (any real shared object), if this machine has one where we look.
+fn system_libm() -> Option<&'static str> {
+    ["/lib/x86_64-linux-gnu/libm.so.6", "/lib64/libm.so.6", "/usr/lib/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+}
+
+#[test]
+fn plugin_paths_are_the_files_loaded_and_truncated_libraries_are_errors_not_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    // `./libm.so.6` is what the user named and what gets checked; dlopen of the bare name would
+    // load the system libm instead.
+    std::fs::write(dir.path().join("libm.so.6"), "this is not a library, and not the system libm either").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(["--plugin", "libm.so.6", "list"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_clean_error(&out, "not an ELF shared library");
+    let real = std::fs::canonicalize(dir.path().join("libm.so.6")).unwrap();
+    assert_clean_error(&out, &real.display().to_string());
+
+    let Some(libm) = system_libm() else {
+        eprintln!("SKIP: no system libm.so.6 to truncate");
+        return;
+    };
+    let bytes = std::fs::read(libm).unwrap();
+    for tenths in [3, 6, 9] {
+        let cut = dir.path().join(format!("libcut{tenths}.so"));
+        std::fs::write(&cut, &bytes[..bytes.len() * tenths / 10]).unwrap();
+        let out = megatron_limited(&["--plugin", cut.to_str().unwrap(), "list"]);
+        assert_clean_error(&out, "is truncated or corrupted");
+    }
+}
