@@ -49,7 +49,7 @@ pub fn build_trainer_with_comm(
         }
         None => None,
     };
-    let vocab_size = match (&tokenizer, a.vocab_size) {
+    let vocab_size = match (&tokenizer, a.tokenizer.vocab_size) {
         (Some(t), _) => t.vocab_size(),
         (None, Some(v)) => v,
         (None, None) => anyhow::bail!("--mock-data without --tokenizer-type needs --vocab-size"),
@@ -76,8 +76,13 @@ pub fn build_trainer_with_comm(
     #[cfg(feature = "datasets")]
     let tokenizer_description = cfg.tokenizer_type.as_deref().and_then(|t| {
         let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
-        let (vocab, merge) = (path(&a.vocab_file), path(&a.merge_file));
-        megatron_datasets::TokenizerDescription::for_megatron_type(t, vocab.as_deref(), merge.as_deref(), a.vocab_size)
+        let (vocab, merge) = (path(&a.tokenizer.vocab_file), path(&a.tokenizer.merge_file));
+        megatron_datasets::TokenizerDescription::for_megatron_type(
+            t,
+            vocab.as_deref(),
+            merge.as_deref(),
+            a.tokenizer.vocab_size,
+        )
     });
     #[cfg(not(feature = "datasets"))]
     let tokenizer_description: Option<()> = None;
