@@ -182,21 +182,10 @@ pub struct PretrainArgs {
     /// Accepted for compatibility; the .bin file is always memory-mapped.
     #[arg(long)]
     pub no_mmap_bin_files: bool,
-    #[arg(long)]
-    pub tokenizer_type: Option<String>,
-    #[arg(long)]
-    pub vocab_file: Option<PathBuf>,
-    #[arg(long)]
-    pub merge_file: Option<PathBuf>,
-    /// `tokenizer.json` of `--tokenizer-type HuggingFaceTokenizer`.
-    #[arg(long)]
-    pub tokenizer_model: Option<PathBuf>,
-    /// Extra `<extra_id_i>` tokens of the BERT WordPiece tokenizers.
-    #[arg(long)]
-    pub vocab_extra_ids: Option<usize>,
-    /// Vocabulary size for `--mock-data` / `NullTokenizer`.
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
+    /// The tokenizer flags (src/tokenizer_flags.rs); flat in the stored args as before.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]
@@ -228,4 +217,8 @@ pub struct PretrainArgs {
     /// (`model: {name: gpt, ...}`); the file wins over flags (docs/plugins.md).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Start even when the memory estimate (parameters, gradients, optimizer state,
+    /// activations) exceeds this machine's memory or cgroup limit.
+    #[arg(long)]
+    pub skip_memory_check: bool,
 }

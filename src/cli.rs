@@ -8,8 +8,11 @@ use megatron_core::{PluginKind, Registry};
 #[cfg(all(feature = "optim", feature = "checkpoint"))]
 use std::sync::{atomic::AtomicBool, Arc};
 
+/// Parsed as Megatron's argparse parses: a repeated flag keeps its last value (scripts append
+/// overrides) and a value may be a negative number (`--lr -1` reaches the range check).
 #[derive(Parser, Debug)]
 #[command(name = "megatron", version, about = "Megatron-LM in Rust: pretrain transformer language models")]
+#[command(args_override_self = true, mut_subcommands = accept_negative_numbers, mut_args = negative_values)]
 pub struct Cli {
     /// Load a plugin library (a cdylib built with `megatron_core::export_plugin!`) before the
     /// registry is used; repeatable. See docs/plugins.md.
@@ -61,6 +64,22 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::tools::tokenizer_train::TokenizerCommand,
     },
+}
+
+/// Lets every value-taking flag of `cmd` and of its subcommands (recursively) take a negative
+/// number as its value, as argparse does.
+fn accept_negative_numbers(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(negative_values).mut_subcommands(accept_negative_numbers)
+}
+
+fn negative_values(arg: clap::Arg) -> clap::Arg {
+    // Flags without a value (`--swiglu`) and positionals keep clap's defaults.
+    let takes_value = arg.get_action().takes_values() && arg.get_num_args().is_none_or(|n| n.takes_values());
+    if takes_value && !arg.is_positional() {
+        arg.allow_negative_numbers(true)
+    } else {
+        arg
+    }
 }
 
 /// Runs the CLI; returns the process exit code.

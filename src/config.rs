@@ -71,6 +71,10 @@ impl TrainConfig {
             ),
         );
         need(a.seq_length > 0, "--seq-length must be > 0".into());
+        need(
+            a.make_vocab_size_divisible_by > 0,
+            "--make-vocab-size-divisible-by must be >= 1 (Megatron's default is 128)".into(),
+        );
         // Megatron requires --max-position-embeddings; we default it to --seq-length (noted in README).
         let max_pos = a.max_position_embeddings.unwrap_or(a.seq_length);
         need(
@@ -105,18 +109,18 @@ impl TrainConfig {
             !(per_split && a.split.is_some()),
             "--split applies to --data-path only; drop it with --train/valid/test-data-path".into(),
         );
-        let tokenizer_type = match (&a.tokenizer_type, a.mock_data) {
+        let tokenizer_type = match (&a.tokenizer.tokenizer_type, a.mock_data) {
             (Some(t), _) => Some(t.clone()),
             (None, true) => None,
             // pretrain_gpt.py's default (SPEC §3.1).
             (None, false) => Some("GPT2BPETokenizer".to_string()),
         };
         if tokenizer_type.is_none() {
-            need(a.vocab_size.is_some(), "--mock-data without --tokenizer-type needs --vocab-size V".into());
+            need(a.tokenizer.vocab_size.is_some(), "--mock-data without --tokenizer-type needs --vocab-size V".into());
         }
         if tokenizer_type.as_deref() == Some("GPT2BPETokenizer") {
             need(
-                a.vocab_file.is_some() && a.merge_file.is_some(),
+                a.tokenizer.vocab_file.is_some() && a.tokenizer.merge_file.is_some(),
                 "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
             );
         }
@@ -143,14 +147,9 @@ impl TrainConfig {
         let a = &self.args;
         // --vocab-size also sizes --mock-data, so it is a tokenizer field only for NullTokenizer.
         let null = self.tokenizer_type.as_deref() == Some("NullTokenizer");
-        crate::tokenizer_flags::TokenizerFlags {
-            vocab_file: a.vocab_file.as_ref(),
-            merge_file: a.merge_file.as_ref(),
-            tokenizer_model: a.tokenizer_model.as_ref(),
-            vocab_size: if null { a.vocab_size } else { None },
-            vocab_extra_ids: a.vocab_extra_ids,
-        }
-        .config()
+        let flags = a.tokenizer.flags();
+        crate::tokenizer_flags::TokenizerFlags { vocab_size: if null { flags.vocab_size } else { None }, ..flags }
+            .config()
     }
 
     /// Config of the model plugin (the GPT model's `GptConfig`).

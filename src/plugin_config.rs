@@ -87,7 +87,7 @@ pub fn apply_config_file(args: &PretrainArgs, registry: &Registry) -> Result<(Pr
                 PluginKind::Model => args.model = n.clone(),
                 PluginKind::Optimizer => args.optimizer = n.clone(),
                 PluginKind::Backend => args.backend = n.clone(),
-                PluginKind::Tokenizer => args.tokenizer_type = Some(n.clone()),
+                PluginKind::Tokenizer => args.tokenizer.tokenizer_type = Some(n.clone()),
                 _ => {}
             }
         }

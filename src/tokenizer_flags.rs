@@ -1,9 +1,49 @@
-//! The tokenizer flags shared by `pretrain`, `preprocess` and `data inspect`
-//! (`--vocab-file`, `--merge-file`, `--tokenizer-model`, `--vocab-size`, `--vocab-extra-ids`)
-//! and the one place that turns them into a tokenizer plugin's config.
+//! The tokenizer flags shared by `pretrain`, `preprocess` and `data inspect`, declared once
+//! ([`TokenizerArgs`], flattened into each command's flags and, with `serde(flatten)`, into
+//! the args a checkpoint stores, which therefore keep their flat keys), and the one place that
+//! turns them into a tokenizer plugin's config ([`TokenizerFlags::config`]).
 
+use clap::Args;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
+
+/// `--tokenizer-type`, `--vocab-file`, `--merge-file`, `--tokenizer-model`, `--vocab-size`,
+/// `--vocab-extra-ids` (Megatron's names).
+#[derive(Args, Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerArgs {
+    /// Registered tokenizer (`megatron list --kind tokenizer`).
+    #[arg(long)]
+    pub tokenizer_type: Option<String>,
+    /// Vocabulary file (GPT-2 `vocab.json`, BERT `vocab.txt`).
+    #[arg(long)]
+    pub vocab_file: Option<PathBuf>,
+    /// BPE merges (GPT-2 `merges.txt`).
+    #[arg(long)]
+    pub merge_file: Option<PathBuf>,
+    /// Tokenizer model file (Hugging Face `tokenizer.json` of `--tokenizer-type HuggingFaceTokenizer`, ...).
+    #[arg(long)]
+    pub tokenizer_model: Option<PathBuf>,
+    /// Vocabulary size of `NullTokenizer` (and of `--mock-data` without a tokenizer).
+    #[arg(long)]
+    pub vocab_size: Option<usize>,
+    /// Extra `<extra_id_i>` tokens of the BERT WordPiece tokenizers.
+    #[arg(long)]
+    pub vocab_extra_ids: Option<usize>,
+}
+
+impl TokenizerArgs {
+    /// Every given flag as a [`TokenizerFlags`].
+    pub fn flags(&self) -> TokenizerFlags<'_> {
+        TokenizerFlags {
+            vocab_file: self.vocab_file.as_ref(),
+            merge_file: self.merge_file.as_ref(),
+            tokenizer_model: self.tokenizer_model.as_ref(),
+            vocab_size: self.vocab_size,
+            vocab_extra_ids: self.vocab_extra_ids,
+        }
+    }
+}
 
 /// The tokenizer flags a command was given (`None`: not given).
 #[derive(Clone, Copy, Debug, Default)]

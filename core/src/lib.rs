@@ -10,6 +10,8 @@ pub mod backend;
 pub mod comm;
 pub mod data;
 pub mod dtype;
+#[cfg(target_os = "linux")]
+pub mod elf_check;
 pub mod guarded_model;
 pub mod metrics;
 pub mod model;

@@ -84,13 +84,20 @@ pub fn crate_name_guess(path: &Path) -> String {
 
 /// Opens a plugin library, checks its build tag and collects its plugin records.
 pub fn load_plugin_library(path: &Path) -> Result<LoadedLibrary> {
-    let shown = path.display().to_string();
     if !path.is_file() {
         bail!(
-            "plugin library `{shown}` does not exist (or is not a file): build it with \
-             `cargo build --release -p <plugin-crate>` and pass the `target/release/lib<crate>.so` it writes"
+            "plugin library `{}` does not exist (or is not a file): build it with \
+             `cargo build --release -p <plugin-crate>` and pass the `target/release/lib<crate>.so` it writes",
+            path.display()
         );
     }
+    // The file checked here must be the file loaded: `dlopen` searches the system library path
+    // for a name without a `/` (`libm.so.6` would load the system libm, not `./libm.so.6`).
+    let path = &std::fs::canonicalize(path).map_err(|e| anyhow!("cannot resolve `{}`: {e}", path.display()))?;
+    let shown = path.display().to_string();
+    // A truncated library would kill the process with SIGBUS inside `dlopen`.
+    #[cfg(target_os = "linux")]
+    crate::elf_check::check_shared_object(path)?;
     // SAFETY: loading runs the library's initialisers (its inventory registrations). That is the
     // point of `--plugin`; the user vouches for the file by naming it.
     let lib =
@@ -200,7 +207,7 @@ mod tests {
         let _ = std::fs::create_dir_all(&dir);
         let fake = dir.join("libfake.so");
         if std::fs::write(&fake, "not a library").is_ok() {
-            assert!(err(&fake).contains("cannot load plugin library"), "{}", err(&fake));
+            assert!(err(&fake).contains("not an ELF shared library"), "{}", err(&fake));
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -92,6 +92,73 @@ pub fn gpt_config_from_args(args: &Value, vocab_size: usize, padded: usize, dir:
     Ok(c)
 }
 
+/// Checks that `config` (built from a checkpoint's stored args) describes exactly the model
+/// tensors the checkpoint stores: the layer count first (so a `num_layers` of 10⁶ costs
+/// nothing), then every parameter's name, global shape and float dtype, and no stored model
+/// tensor left over. [`megatron_checkpoint::load`] has already checked every stored tensor
+/// against its shard file's header and byte range, so after this the model to be allocated is
+/// no larger than the checkpoint on disk.
+pub fn check_config_against_tensors(
+    config: &GptConfig,
+    padded: usize,
+    ckpt: &megatron_checkpoint::LoadedCheckpoint,
+) -> Result<()> {
+    let meta = ckpt.dir().join("metadata.json");
+    let stored: Vec<(&String, &megatron_checkpoint::TensorEntry)> = ckpt
+        .metadata
+        .tensors
+        .iter()
+        .filter(|(k, _)| !k.starts_with(megatron_checkpoint::metadata::OPTIMIZER_PREFIX))
+        .collect();
+    let layers: std::collections::BTreeSet<usize> =
+        stored.iter().filter_map(|(k, _)| k.strip_prefix("decoder.layers.")?.split('.').next()?.parse().ok()).collect();
+    let contiguous = layers.iter().enumerate().all(|(i, &l)| i == l);
+    if layers.len() != config.num_layers || !contiguous {
+        bail!(
+            "{}: args say num_layers {}, but the checkpoint stores {} decoder layers{}: the metadata is \
+             corrupted or belongs to another checkpoint",
+            meta.display(),
+            config.num_layers,
+            layers.len(),
+            if contiguous { String::new() } else { format!(" with gaps ({layers:?})") }
+        );
+    }
+    let expected = megatron_gpt::gpt_param_shapes(config, padded);
+    for (name, shape) in &expected {
+        let Some(entry) = ckpt.metadata.tensors.get(name) else {
+            bail!(
+                "{}: the args describe parameter `{name}` {shape:?}, but the checkpoint has no such tensor \
+                 (architecture flags in the metadata do not match the stored weights)",
+                meta.display()
+            );
+        };
+        if &entry.global_shape != shape {
+            bail!(
+                "{}: tensor `{name}` is stored as {:?}, but the args (hidden_size {}, ffn_hidden_size {}, \
+                 max_position_embeddings {}, padded vocabulary {padded}) need {shape:?}",
+                meta.display(),
+                entry.global_shape,
+                config.hidden_size,
+                config.ffn_hidden_size.map_or("default".to_string(), |f| f.to_string()),
+                config.max_position_embeddings
+            );
+        }
+        if !["F32", "BF16", "F16"].contains(&entry.dtype.as_str()) {
+            bail!("{}: tensor `{name}` has dtype {}, expected a float type", meta.display(), entry.dtype);
+        }
+    }
+    if stored.len() != expected.len() {
+        let known: std::collections::BTreeSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        let extra: Vec<&str> = stored.iter().map(|(k, _)| k.as_str()).filter(|k| !known.contains(k)).take(3).collect();
+        bail!(
+            "{}: the checkpoint stores tensors the args' model does not have (e.g. {extra:?}); its args \
+             (swiglu, normalization, untie_embeddings_and_output_weights, add_bias_linear) do not match the weights",
+            meta.display()
+        );
+    }
+    Ok(())
+}
+
 /// The tokenizer named by the flags, else by the checkpoint's args; a checkpoint trained on
 /// mock data without one gets a `NullTokenizer` over its vocabulary (prompts are ids).
 pub fn tokenizer_for(registry: &Registry, flags: &LoadArgs, args: &Value) -> Result<Arc<dyn Tokenizer>> {
@@ -139,6 +206,9 @@ pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> 
         );
     }
     let config = gpt_config_from_args(&args, vocab_size, padded, dir)?;
+    // Nothing is allocated from the metadata's word alone: the model the args describe must be
+    // exactly the tensors stored (whose sizes were checked against the shard files).
+    check_config_against_tensors(&config, padded, &ckpt)?;
     let backend: Arc<dyn Backend> =
         registry.backend(&flags.backend, json!({ "threads": flags.threads })).context("building the backend")?;
     let mut model = GptModel::new(config, backend.clone(), ParallelContext::single())?;

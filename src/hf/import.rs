@@ -32,6 +32,9 @@ fn field(cfg: &Value, key: &str, path: &Path) -> Result<usize> {
 
 /// The GPT config of an HF GPT-2 `config.json`, and whether its head is untied.
 pub fn gpt_config_from_hf(cfg: &Value, path: &Path, divisible_by: usize) -> Result<GptConfig> {
+    if divisible_by == 0 {
+        bail!("--make-vocab-size-divisible-by must be >= 1 (Megatron's default is 128)");
+    }
     if let Some(t) = cfg["model_type"].as_str() {
         if t != "gpt2" {
             bail!("{}: model_type `{t}` is not gpt2", path.display());

@@ -46,15 +46,9 @@ pub struct InspectArgs {
     /// Write the three index arrays (and the description) here as Megatron names them.
     #[arg(long)]
     pub dump_indices: Option<PathBuf>,
-    /// Registered tokenizer to decode samples with (`megatron list --kind tokenizer`).
-    #[arg(long)]
-    pub tokenizer_type: Option<String>,
-    #[arg(long)]
-    pub vocab_file: Option<PathBuf>,
-    #[arg(long)]
-    pub merge_file: Option<PathBuf>,
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
+    /// The tokenizer to decode samples with (src/tokenizer_flags.rs).
+    #[command(flatten)]
+    pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
 }
 
 /// Runs `megatron data <command>`.
@@ -66,14 +60,8 @@ pub fn run(cmd: &DataCommand, registry: &Registry) -> Result<()> {
 }
 
 fn tokenizer(a: &InspectArgs, registry: &Registry) -> Result<Option<Arc<dyn Tokenizer>>> {
-    let Some(t) = &a.tokenizer_type else { return Ok(None) };
-    let cfg = crate::tokenizer_flags::TokenizerFlags {
-        vocab_file: a.vocab_file.as_ref(),
-        merge_file: a.merge_file.as_ref(),
-        vocab_size: a.vocab_size,
-        ..Default::default()
-    }
-    .config();
+    let Some(t) = &a.tokenizer.tokenizer_type else { return Ok(None) };
+    let cfg = a.tokenizer.flags().config();
     let tok = registry
         .tokenizer(t, cfg)
         .with_context(|| format!("building tokenizer {t} from --vocab-file/--merge-file/--vocab-size"))?;
@@ -157,13 +145,13 @@ pub fn inspect(a: &InspectArgs, registry: &Registry) -> Result<String> {
     }
 
     if let Some(dir) = &a.dump_indices {
-        let tokenizer_desc = a.tokenizer_type.as_deref().and_then(|t| {
+        let tokenizer_desc = a.tokenizer.tokenizer_type.as_deref().and_then(|t| {
             let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
             TokenizerDescription::for_megatron_type(
                 t,
-                path(&a.vocab_file).as_deref(),
-                path(&a.merge_file).as_deref(),
-                a.vocab_size,
+                path(&a.tokenizer.vocab_file).as_deref(),
+                path(&a.tokenizer.merge_file).as_deref(),
+                a.tokenizer.vocab_size,
             )
         });
         let description = GptDescription {

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use megatron_tokenizers::bpe_train::{count_files, train_byte_level_bpe, BpeTrainOptions};
+use megatron_tokenizers::bpe_train::{count_files, train_byte_level_bpe, BpeTrainOptions, MAX_VOCAB_SIZE};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -51,6 +51,10 @@ fn train(a: &TrainArgs) -> Result<()> {
     let specials: Vec<String> = a.special_tokens.iter().filter(|s| !s.is_empty()).cloned().collect();
     if a.vocab_size < 256 + specials.len() {
         bail!("--vocab-size {} must be at least 256 + the {} special token(s)", a.vocab_size, specials.len());
+    }
+    // Checked before the corpus is read (which can take minutes), not only by the trainer.
+    if a.vocab_size > MAX_VOCAB_SIZE {
+        bail!("--vocab-size {} is too large: token ids are 32-bit signed, so at most {MAX_VOCAB_SIZE}", a.vocab_size);
     }
     let start = Instant::now();
     let counts = count_files(&a.input, a.json_key.as_deref(), &specials)?;

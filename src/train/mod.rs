@@ -6,6 +6,7 @@ mod checkpointing;
 pub mod comm_timing;
 pub mod data;
 pub mod log;
+pub mod memory;
 mod multi_rank;
 mod setup;
 mod step;

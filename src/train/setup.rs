@@ -49,7 +49,7 @@ pub fn build_trainer_with_comm(
         }
         None => None,
     };
-    let vocab_size = match (&tokenizer, a.vocab_size) {
+    let vocab_size = match (&tokenizer, a.tokenizer.vocab_size) {
         (Some(t), _) => t.vocab_size(),
         (None, Some(v)) => v,
         (None, None) => anyhow::bail!("--mock-data without --tokenizer-type needs --vocab-size"),
@@ -58,6 +58,17 @@ pub fn build_trainer_with_comm(
     if ctx.rank == 0 {
         println!(" > padded vocab (size: {vocab_size}) with {} dummy tokens (new size: {padded})", padded - vocab_size);
     }
+    // Before datasets and model: refuse a run that cannot fit (src/train/memory.rs).
+    if let Some(e) = super::memory::check(&cfg, vocab_size, padded)? {
+        if ctx.rank == 0 {
+            println!(
+                " > memory estimate: {:.3} GiB (parameters + gradients + optimizer state {:.3} GiB, activations {:.3} GiB)",
+                e.total() as f64 / (1u64 << 30) as f64,
+                (e.param_bytes + e.grad_bytes + e.optimizer_bytes) as f64 / (1u64 << 30) as f64,
+                e.activation_bytes as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
     let tokenizer_fingerprint =
         tokenizer.as_ref().map(|t| t.fingerprint()).unwrap_or_else(|| format!("vocab:{vocab_size}"));
 
@@ -65,8 +76,13 @@ pub fn build_trainer_with_comm(
     #[cfg(feature = "datasets")]
     let tokenizer_description = cfg.tokenizer_type.as_deref().and_then(|t| {
         let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
-        let (vocab, merge) = (path(&a.vocab_file), path(&a.merge_file));
-        megatron_datasets::TokenizerDescription::for_megatron_type(t, vocab.as_deref(), merge.as_deref(), a.vocab_size)
+        let (vocab, merge) = (path(&a.tokenizer.vocab_file), path(&a.tokenizer.merge_file));
+        megatron_datasets::TokenizerDescription::for_megatron_type(
+            t,
+            vocab.as_deref(),
+            merge.as_deref(),
+            a.tokenizer.vocab_size,
+        )
     });
     #[cfg(not(feature = "datasets"))]
     let tokenizer_description: Option<()> = None;

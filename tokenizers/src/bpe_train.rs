@@ -109,6 +109,10 @@ fn count_pairs(word: &[u32], freq: i64, counts: &mut FxHashMap<u64, i64>) {
     }
 }
 
+/// The largest vocabulary [`train_byte_level_bpe`] accepts: token ids are `i32` in the models
+/// and in Megatron's int32 datasets, so a larger vocabulary could never be used.
+pub const MAX_VOCAB_SIZE: usize = i32::MAX as usize;
+
 /// Trains byte-level BPE on `counts` (see the module doc for the exact rule).
 pub fn train_byte_level_bpe(counts: &WordCounts, options: &BpeTrainOptions) -> Result<TrainedBpe> {
     let specials = &options.special_tokens;
@@ -119,12 +123,20 @@ pub fn train_byte_level_bpe(counts: &WordCounts, options: &BpeTrainOptions) -> R
             specials.len()
         );
     }
+    if options.vocab_size > MAX_VOCAB_SIZE {
+        bail!(
+            "--vocab-size {} is too large: token ids are 32-bit signed, so at most {MAX_VOCAB_SIZE}",
+            options.vocab_size
+        );
+    }
     let table = byte_to_char_table();
     // GPT-2's byte order: by the byte's printable stand-in character.
     let mut order: Vec<u8> = (0..=255).collect();
     order.sort_by_key(|&b| table[b as usize]);
     let mut byte_id = [0u32; 256];
-    let mut tokens: Vec<Vec<u8>> = Vec::with_capacity(options.vocab_size);
+    // Only what the corpus can plausibly merge is reserved up front: the requested size is a
+    // ceiling, not a promise, and reserving it whole would abort on a huge --vocab-size.
+    let mut tokens: Vec<Vec<u8>> = Vec::with_capacity(options.vocab_size.min(1 << 16));
     for (id, &b) in order.iter().enumerate() {
         byte_id[b as usize] = id as u32;
         tokens.push(vec![b]);

@@ -10,6 +10,7 @@ pub mod config;
 pub mod hf_gpt2;
 pub mod inference;
 pub mod model;
+pub mod param_shapes;
 pub mod pipeline_split;
 mod stage;
 
@@ -17,6 +18,7 @@ pub use config::GptConfig;
 pub use hf_gpt2::{export_hf_gpt2, load_hf_gpt2, load_hf_gpt2_file, Export, HfTensor};
 pub use inference::KvCache;
 pub use model::GptModel;
+pub use param_shapes::{gpt_param_count, gpt_param_shapes};
 pub use pipeline_split::{pipeline_split, stage_layers, stage_range};
 
 use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};

@@ -1,102 +1,14 @@
-//! Tensor parallelism: the same tiny GPT run with tp = 2 (two ranks as threads, joined by a
-//! minimal in-test all-reduce communicator) matches the tp = 1 run: same initial weights, same
+//! Tensor parallelism: the same tiny GPT run with tp = 2 (two ranks as threads, joined by
+//! the `local` threads communicator) matches the tp = 1 run: same initial weights, same
 //! loss, same gradients once the shards are put back together. This checks that every TP
 //! collective sits where SPEC §5.2/§5.4 puts it.
 
 mod common;
 
 use common::*;
-use megatron_core::anyhow::bail;
-use megatron_core::{
-    Batch, Communicator, DeviceTensor, Group, LossReport, Mode, Model, ParallelContext, RankGrid, ReduceOp, Result,
-};
+use megatron_comm_local::LocalCommunicator;
+use megatron_core::{Batch, LossReport, Mode, Model, ParallelContext, RankGrid};
 use megatron_gpt::{GptConfig, GptModel};
-use std::sync::{Arc, Barrier, Mutex};
-
-/// All-reduce over the whole world of threads; every other collective is refused.
-struct ThreadComm {
-    rank: usize,
-    world: usize,
-    slots: Arc<Mutex<Vec<Vec<f64>>>>,
-    barrier: Arc<Barrier>,
-}
-
-impl ThreadComm {
-    fn world(n: usize) -> Vec<Arc<dyn Communicator>> {
-        let slots = Arc::new(Mutex::new(vec![Vec::new(); n]));
-        let barrier = Arc::new(Barrier::new(n));
-        (0..n)
-            .map(|rank| {
-                Arc::new(ThreadComm { rank, world: n, slots: slots.clone(), barrier: barrier.clone() })
-                    as Arc<dyn Communicator>
-            })
-            .collect()
-    }
-
-    fn reduce(&self, group: &Group, values: &[f64], op: ReduceOp) -> Result<Vec<f64>> {
-        if group.ranks != (0..self.world).collect::<Vec<_>>() {
-            bail!("test communicator only reduces over the whole world, got group {:?}", group);
-        }
-        self.slots.lock().unwrap()[self.rank] = values.to_vec();
-        self.barrier.wait();
-        let out = {
-            let slots = self.slots.lock().unwrap();
-            (0..values.len())
-                .map(|i| {
-                    let it = slots.iter().map(|s| s[i]);
-                    match op {
-                        ReduceOp::Sum => it.sum(),
-                        ReduceOp::Max => it.fold(f64::MIN, f64::max),
-                    }
-                })
-                .collect()
-        };
-        self.barrier.wait();
-        Ok(out)
-    }
-}
-
-impl Communicator for ThreadComm {
-    fn name(&self) -> &str {
-        "test-threads"
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn all_reduce(&self, group: &Group, t: &mut DeviceTensor, op: ReduceOp) -> Result<()> {
-        let v: Vec<f64> = t.host_f32()?.iter().map(|&x| x as f64).collect();
-        let r = self.reduce(group, &v, op)?;
-        t.host_f32_mut()?.iter_mut().zip(r).for_each(|(d, s)| *d = s as f32);
-        Ok(())
-    }
-    fn all_reduce_f64(&self, group: &Group, values: &mut [f64], op: ReduceOp) -> Result<()> {
-        let r = self.reduce(group, values, op)?;
-        values.copy_from_slice(&r);
-        Ok(())
-    }
-    fn all_gather(&self, _: &Group, _: &DeviceTensor, _: &mut DeviceTensor) -> Result<()> {
-        bail!("not needed by tensor parallelism without sequence parallelism")
-    }
-    fn reduce_scatter(&self, _: &Group, _: &DeviceTensor, _: &mut DeviceTensor, _: ReduceOp) -> Result<()> {
-        bail!("not needed by tensor parallelism without sequence parallelism")
-    }
-    fn broadcast(&self, _: &Group, _: &mut DeviceTensor, _: usize) -> Result<()> {
-        bail!("not needed")
-    }
-    fn send(&self, _: &Group, _: &DeviceTensor, _: usize) -> Result<()> {
-        bail!("not needed")
-    }
-    fn recv(&self, _: &Group, _: &mut DeviceTensor, _: usize) -> Result<()> {
-        bail!("not needed")
-    }
-    fn barrier(&self, _: &Group) -> Result<()> {
-        self.barrier.wait();
-        Ok(())
-    }
-}
 
 /// One rank's result: loss and `(name, local shape, tp_axis, value, grad)` of every parameter.
 type Shards = (LossReport, Vec<(String, Vec<usize>, Option<usize>, Vec<f32>, Vec<f32>)>);
@@ -143,7 +55,7 @@ fn check_tp2_matches_tp1(config: GptConfig) {
     let batch = batch(2, 8, config.vocab_size, 21);
     let (ref_report, ref_params) = run(config.clone(), ParallelContext::single(), &batch);
     let grid = RankGrid::new(2, 2, 1, 1).unwrap();
-    let comms = ThreadComm::world(2);
+    let comms = LocalCommunicator::world(2, std::time::Duration::from_secs(60));
     let results: Vec<Shards> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .iter()

@@ -4,7 +4,7 @@
 
 use crate::layout::{read_tracker, resolve_iteration_dir, TRACKER_FILE};
 use crate::metadata::{dtype_from_safetensors_name, CheckpointMetadata, TensorEntry, METADATA_FILE, OPTIMIZER_PREFIX};
-use crate::region::{intersect, volume, BoxCopy};
+use crate::region::{checked_volume, intersect, volume, BoxCopy};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::half::{bf16, f16};
 use megatron_core::{Backend, DType, HostBuffer, OptimizerState, Param};
@@ -116,10 +116,11 @@ impl LoadedCheckpoint {
         let dtype = dtype_from_safetensors_name(&entry.dtype)?;
         let in_bounds = start.len() == entry.global_shape.len()
             && extent.len() == start.len()
-            && (0..start.len()).all(|d| start[d] + extent[d] <= entry.global_shape[d]);
+            && (0..start.len()).all(|d| start[d].checked_add(extent[d]).is_some_and(|e| e <= entry.global_shape[d]));
         if !in_bounds {
             bail!("region {extent:?} at {start:?} is outside `{name}` of shape {:?}", entry.global_shape);
         }
+        // In bounds of a validated tensor, so no larger than the shards on disk.
         let mut out = vec![0u8; volume(extent) * dtype.size()];
         let mut covered = 0;
         for shard in &entry.shards {
@@ -145,8 +146,12 @@ impl LoadedCheckpoint {
     /// [`megatron_core::ParamLayout::shard_slice`]). Float values are converted to the
     /// parameter's dtype when the checkpoint stored another float type.
     pub fn load_params(&self, params: &mut [&mut Param], backend: &dyn Backend) -> Result<()> {
-        for p in params.iter_mut() {
+        // Every parameter is checked before any is overwritten: a mismatch never leaves a
+        // half-loaded model behind.
+        for p in params.iter() {
             self.check_global_shape(&p.name, &p.name, &p.layout.global_shape)?;
+        }
+        for p in params.iter_mut() {
             let slice = p.layout.shard_slice(p.value.shape());
             let (start, extent): (Vec<usize>, Vec<usize>) = slice.into_iter().unzip();
             let data = convert(self.read_region(&p.name, &start, &extent)?, p.value.dtype(), &p.name)?;
@@ -212,7 +217,9 @@ impl LoadedCheckpoint {
             let path = self.dir.join(&shard.file);
             let fits = shard.offset.len() == entry.global_shape.len()
                 && shard.shape.len() == entry.global_shape.len()
-                && (0..shard.shape.len()).all(|d| shard.offset[d] + shard.shape[d] <= entry.global_shape[d]);
+                && (0..shard.shape.len()).all(|d| {
+                    shard.offset[d].checked_add(shard.shape[d]).is_some_and(|end| end <= entry.global_shape[d])
+                });
             if !fits {
                 bail!(
                     "{}: shard of `{name}` at {:?} with shape {:?} does not fit its global shape {:?}",
@@ -220,6 +227,15 @@ impl LoadedCheckpoint {
                     shard.offset,
                     shard.shape,
                     entry.global_shape
+                );
+            }
+            // One shard per file and tensor: two shards naming the same stored tensor would let
+            // a small file claim a huge global tensor (and reads allocate for all of it).
+            if entry.shards[..i].iter().any(|o| o.file == shard.file) {
+                bail!(
+                    "{}: `{name}` lists shard file {} twice (corrupted checkpoint metadata)",
+                    self.dir.join(METADATA_FILE).display(),
+                    shard.file
                 );
             }
             for other in &entry.shards[..i] {
@@ -243,11 +259,17 @@ impl LoadedCheckpoint {
             }
             covered += volume(&shard.shape);
         }
-        if covered != volume(&entry.global_shape) {
+        let Some(total) = checked_volume(&entry.global_shape) else {
             bail!(
-                "{}: the shards of `{name}` cover {covered} of {} elements (incomplete checkpoint)",
+                "{}: global shape {:?} of `{name}` overflows (corrupted checkpoint metadata)",
                 self.dir.join(METADATA_FILE).display(),
-                volume(&entry.global_shape)
+                entry.global_shape
+            );
+        };
+        if covered != total {
+            bail!(
+                "{}: the shards of `{name}` cover {covered} of {total} elements (incomplete checkpoint)",
+                self.dir.join(METADATA_FILE).display(),
             );
         }
         Ok(())

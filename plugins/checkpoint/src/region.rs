@@ -6,6 +6,11 @@ pub fn volume(extent: &[usize]) -> usize {
     extent.iter().product()
 }
 
+/// [`volume`], or `None` when it overflows `usize` (a corrupted shape).
+pub fn checked_volume(extent: &[usize]) -> Option<usize> {
+    extent.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+}
+
 /// Intersection of box `a` (`a_start`, `a_extent`) and box `b`, as `(start, extent)` in the
 /// same coordinates; `None` when empty.
 pub fn intersect(

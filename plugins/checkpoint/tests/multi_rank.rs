@@ -2,114 +2,24 @@
 //! writes nothing), rank 0's metadata indexes every shard, and the result loads into tp=1
 //! and tp=2. A failure on one rank fails every rank and commits nothing.
 //!
-//! The communicator here is a minimal in-test one (only what `save` uses), so this test does
-//! not depend on the parallel plugin crate.
+//! The ranks talk through the real `local` communicator (megatron-comm-local, a
+//! dev-dependency), not an in-test copy of one.
 
 mod common;
 
 use common::*;
 use megatron_checkpoint::{load, read_tracker, save, CheckpointMeta};
-use megatron_core::{Communicator, DeviceTensor, Group, HostBuffer, RankGrid, ReduceOp, Result};
+use megatron_comm_local::LocalCommunicator;
+use megatron_core::{RankGrid, Result};
 use megatron_cpu::CpuBackend;
 use std::path::Path;
-use std::sync::{Arc, Barrier, Mutex};
-
-/// Ranks as threads; collectives over the world group only.
-struct ThreadComm {
-    rank: usize,
-    world: usize,
-    barrier: Arc<Barrier>,
-    f64_slots: Arc<Mutex<Vec<Vec<f64>>>>,
-    byte_slots: Arc<Mutex<Vec<Vec<u8>>>>,
-}
-
-impl ThreadComm {
-    fn world(world: usize) -> Vec<Arc<dyn Communicator>> {
-        let barrier = Arc::new(Barrier::new(world));
-        let f64_slots = Arc::new(Mutex::new(vec![Vec::new(); world]));
-        let byte_slots = Arc::new(Mutex::new(vec![Vec::new(); world]));
-        (0..world)
-            .map(|rank| {
-                Arc::new(ThreadComm {
-                    rank,
-                    world,
-                    barrier: barrier.clone(),
-                    f64_slots: f64_slots.clone(),
-                    byte_slots: byte_slots.clone(),
-                }) as Arc<dyn Communicator>
-            })
-            .collect()
-    }
-
-    fn check(&self, group: &Group) -> Result<()> {
-        megatron_core::anyhow::ensure!(group.ranks == (0..self.world).collect::<Vec<_>>(), "test comm: world only");
-        Ok(())
-    }
-}
-
-impl Communicator for ThreadComm {
-    fn name(&self) -> &str {
-        "test-threads"
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn all_reduce(&self, _: &Group, _: &mut DeviceTensor, _: ReduceOp) -> Result<()> {
-        unimplemented!("not used by save")
-    }
-    fn all_reduce_f64(&self, group: &Group, values: &mut [f64], op: ReduceOp) -> Result<()> {
-        self.check(group)?;
-        self.f64_slots.lock().unwrap()[self.rank] = values.to_vec();
-        self.barrier.wait();
-        {
-            let slots = self.f64_slots.lock().unwrap();
-            for (i, v) in values.iter_mut().enumerate() {
-                let all = slots.iter().map(|s| s[i]);
-                *v = match op {
-                    ReduceOp::Sum => all.sum(),
-                    ReduceOp::Max => all.fold(f64::NEG_INFINITY, f64::max),
-                };
-            }
-        }
-        self.barrier.wait(); // nobody overwrites a slot before everyone has read
-        Ok(())
-    }
-    fn all_gather(&self, group: &Group, input: &DeviceTensor, output: &mut DeviceTensor) -> Result<()> {
-        self.check(group)?;
-        let HostBuffer::U8(bytes) = input.host_buffer()? else { panic!("test comm gathers uint8 only") };
-        self.byte_slots.lock().unwrap()[self.rank] = bytes.clone();
-        self.barrier.wait();
-        let all: Vec<u8> = self.byte_slots.lock().unwrap().concat();
-        *output.host_buffer_mut()? = HostBuffer::U8(all);
-        self.barrier.wait();
-        Ok(())
-    }
-    fn reduce_scatter(&self, _: &Group, _: &DeviceTensor, _: &mut DeviceTensor, _: ReduceOp) -> Result<()> {
-        unimplemented!("not used by save")
-    }
-    fn broadcast(&self, _: &Group, _: &mut DeviceTensor, _: usize) -> Result<()> {
-        unimplemented!("not used by save")
-    }
-    fn send(&self, _: &Group, _: &DeviceTensor, _: usize) -> Result<()> {
-        unimplemented!("not used by save")
-    }
-    fn recv(&self, _: &Group, _: &mut DeviceTensor, _: usize) -> Result<()> {
-        unimplemented!("not used by save")
-    }
-    fn barrier(&self, group: &Group) -> Result<()> {
-        self.check(group)?;
-        self.barrier.wait();
-        Ok(())
-    }
-}
+use std::time::Duration;
 
 /// Runs `save` on every rank of a tp=2, dp=2 world; `break_rank` corrupts that rank's input.
 fn save_tp2_dp2(dir: &Path, break_rank: Option<usize>) -> Vec<Result<std::path::PathBuf>> {
     let grid = RankGrid::new(4, 2, 1, 1).unwrap();
-    let comms = ThreadComm::world(4);
+    // Ranks as threads over the real `local` communicator.
+    let comms = LocalCommunicator::world(4, Duration::from_secs(60));
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()

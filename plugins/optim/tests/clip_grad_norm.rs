@@ -1,64 +1,26 @@
 //! Global gradient norm and clipping (SPEC §6.6) on the CPU backend, including the TP rule
 //! that replicated params count on TP rank 0 only.
 
-use megatron_core::anyhow::{bail, Result};
-use megatron_core::{
-    Backend, Communicator, DeviceTensor, Group, HostBuffer, ParallelContext, Param, ParamLayout, RankGrid, ReduceOp,
-};
+use megatron_comm_local::LocalCommunicator;
+use megatron_core::{Backend, HostBuffer, ParallelContext, Param, ParamLayout, RankGrid};
 use megatron_cpu::CpuBackend;
 use megatron_optim::{clip_grad_norm, grad_norm, grads_have_inf_or_nan, is_finite_norm};
-use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// One endpoint of a pretend world: a SUM adds what the other ranks would have contributed
-/// (`others`), a MAX takes the max with it, and every reduced group is recorded.
-struct FakeComm {
-    rank: usize,
-    world: usize,
-    others: f64,
-    groups: Mutex<Vec<Vec<usize>>>,
-}
-
-impl Communicator for FakeComm {
-    fn name(&self) -> &str {
-        "fake"
-    }
-    fn world_size(&self) -> usize {
-        self.world
-    }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn all_reduce(&self, _: &Group, _: &mut DeviceTensor, _: ReduceOp) -> Result<()> {
-        bail!("not used")
-    }
-    fn all_reduce_f64(&self, group: &Group, values: &mut [f64], op: ReduceOp) -> Result<()> {
-        self.groups.lock().unwrap().push(group.ranks.clone());
-        for v in values {
-            *v = match op {
-                ReduceOp::Sum => *v + self.others,
-                ReduceOp::Max => v.max(self.others),
-            };
-        }
-        Ok(())
-    }
-    fn all_gather(&self, _: &Group, _: &DeviceTensor, _: &mut DeviceTensor) -> Result<()> {
-        bail!("not used")
-    }
-    fn reduce_scatter(&self, _: &Group, _: &DeviceTensor, _: &mut DeviceTensor, _: ReduceOp) -> Result<()> {
-        bail!("not used")
-    }
-    fn broadcast(&self, _: &Group, _: &mut DeviceTensor, _: usize) -> Result<()> {
-        bail!("not used")
-    }
-    fn send(&self, _: &Group, _: &DeviceTensor, _: usize) -> Result<()> {
-        bail!("not used")
-    }
-    fn recv(&self, _: &Group, _: &mut DeviceTensor, _: usize) -> Result<()> {
-        bail!("not used")
-    }
-    fn barrier(&self, _: &Group) -> Result<()> {
-        bail!("not used")
-    }
+/// Runs `f(rank, ctx)` on every rank of a tp = `n` world, ranks as threads over the real
+/// `local` communicator; returns the results in rank order.
+fn on_tp_ranks<T: Send>(n: usize, f: impl Fn(usize, ParallelContext) -> T + Sync) -> Vec<T> {
+    let grid = RankGrid::new(n, n, 1, 1).unwrap();
+    let comms = LocalCommunicator::world(n, Duration::from_secs(60));
+    std::thread::scope(|s| {
+        let (f, grid) = (&f, &grid);
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| s.spawn(move || f(rank, grid.context(rank, comm))))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }
 
 fn param(b: &dyn Backend, name: &str, grad: &[f32], tp_axis: Option<usize>) -> Param {
@@ -106,17 +68,16 @@ fn norm_and_clipping_on_one_rank() {
 
 #[test]
 fn replicated_params_count_on_tp_rank_zero_only() {
-    let b = CpuBackend::new();
-    let grid = RankGrid::new(2, 2, 1, 1).unwrap();
-    // Grads: replicated [3, 4] (25), sharded [1, 2] (5); the other rank's share is 20.
-    for (rank, local, others) in [(0usize, 30.0, 20.0), (1, 5.0, 45.0)] {
-        let comm = Arc::new(FakeComm { rank, world: 2, others, groups: Mutex::new(Vec::new()) });
-        let ctx = grid.context(rank, comm.clone());
+    // Both ranks hold the replicated [3, 4] (25, counted once) and their shard of fc1:
+    // [1, 2] (5) on rank 0, [2, 4] (20) on rank 1. Every rank gets sqrt(50).
+    let norms = on_tp_ranks(2, |rank, ctx| {
+        let b = CpuBackend::new();
         let rep = param(&b, "norm.weight", &[3.0, 4.0], None);
-        let shard = param(&b, "fc1.weight", &[1.0, 2.0], Some(0));
-        let norm = grad_norm(&[&rep, &shard], &b, &ctx).unwrap();
-        assert!((norm - (local + others).sqrt()).abs() < 1e-12, "rank {rank}: {norm}");
-        assert_eq!(*comm.groups.lock().unwrap(), [vec![0, 1]], "reduced over the model-parallel group");
+        let shard = param(&b, "fc1.weight", if rank == 0 { &[1.0, 2.0] } else { &[2.0, 4.0] }, Some(0));
+        grad_norm(&[&rep, &shard], &b, &ctx).unwrap()
+    });
+    for (rank, norm) in norms.into_iter().enumerate() {
+        assert!((norm - 50f64.sqrt()).abs() < 1e-12, "rank {rank}: {norm}");
     }
 }
 
@@ -135,7 +96,10 @@ fn inf_and_nan_are_detected() {
     assert!(is_finite_norm(grad_norm(&[&fine], &b, &ctx).unwrap()));
 
     // Another rank of the model-parallel group found an inf: every rank must skip.
-    let comm = Arc::new(FakeComm { rank: 0, world: 2, others: 1.0, groups: Mutex::new(Vec::new()) });
-    let ctx = RankGrid::new(2, 2, 1, 1).unwrap().context(0, comm);
-    assert!(grads_have_inf_or_nan(&[&fine], &b, &ctx).unwrap());
+    let found = on_tp_ranks(2, |rank, ctx| {
+        let b = CpuBackend::new();
+        let g = param(&b, "g", if rank == 1 { &[f32::INFINITY] } else { &[1.0] }, Some(0));
+        grads_have_inf_or_nan(&[&g], &b, &ctx).unwrap()
+    });
+    assert_eq!(found, [true, true]);
 }

@@ -51,24 +51,9 @@ pub struct PreprocessArgs {
     /// `{prefix}.{bin,idx}`).
     #[arg(long)]
     pub output_prefix: PathBuf,
-    /// Registered tokenizer (`megatron list --kind tokenizer`).
-    #[arg(long)]
-    pub tokenizer_type: Option<String>,
-    /// Vocabulary file (GPT-2 `vocab.json`, BERT `vocab.txt`).
-    #[arg(long)]
-    pub vocab_file: Option<PathBuf>,
-    /// BPE merges (GPT-2 `merges.txt`).
-    #[arg(long)]
-    pub merge_file: Option<PathBuf>,
-    /// Tokenizer model file (SentencePiece model, Hugging Face `tokenizer.json`, ...).
-    #[arg(long)]
-    pub tokenizer_model: Option<PathBuf>,
-    /// Vocabulary size (NullTokenizer).
-    #[arg(long)]
-    pub vocab_size: Option<usize>,
-    /// Extra `<extra_id_i>` tokens (BERT WordPiece tokenizers, for T5).
-    #[arg(long)]
-    pub vocab_extra_ids: Option<usize>,
+    /// The tokenizer flags (src/tokenizer_flags.rs).
+    #[command(flatten)]
+    pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
     /// Append the tokenizer's EOD id to every non-empty document.
     #[arg(long)]
     pub append_eod: bool,
@@ -119,14 +104,7 @@ pub fn output_prefix_for(output_prefix: &Path, key: &str, split_sentences: bool)
 /// The tokenizer plugin config: only the flags that were given, so that each tokenizer's
 /// `deny_unknown_fields` config accepts it.
 pub fn tokenizer_config(a: &PreprocessArgs) -> Value {
-    crate::tokenizer_flags::TokenizerFlags {
-        vocab_file: a.vocab_file.as_ref(),
-        merge_file: a.merge_file.as_ref(),
-        tokenizer_model: a.tokenizer_model.as_ref(),
-        vocab_size: a.vocab_size,
-        vocab_extra_ids: a.vocab_extra_ids,
-    }
-    .config()
+    a.tokenizer.flags().config()
 }
 
 fn validate(a: &PreprocessArgs) -> Result<()> {
@@ -139,7 +117,10 @@ fn validate(a: &PreprocessArgs) -> Result<()> {
     need(a.dataset_impl == "mmap", "--dataset-impl: only `mmap` is supported (Megatron's only current format)");
     if !a.merge {
         need(a.input.len() == 1, "give exactly one --input file (several are only for --merge)");
-        need(a.tokenizer_type.is_some(), "--tokenizer-type is required (see `megatron list --kind tokenizer`)");
+        need(
+            a.tokenizer.tokenizer_type.is_some(),
+            "--tokenizer-type is required (see `megatron list --kind tokenizer`)",
+        );
         need(a.workers > 0, "--workers must be > 0");
         need(a.log_interval > 0, "--log-interval must be > 0");
         need(!a.json_keys.is_empty(), "--json-keys needs at least one key");
@@ -183,7 +164,8 @@ pub fn run(a: &PreprocessArgs, registry: &Registry) -> Result<PreprocessSummary>
             blank_lines: 0,
         });
     }
-    let tokenizer_type = a.tokenizer_type.as_deref().ok_or_else(|| anyhow!("--tokenizer-type is required"))?;
+    let tokenizer_type =
+        a.tokenizer.tokenizer_type.as_deref().ok_or_else(|| anyhow!("--tokenizer-type is required"))?;
     let tokenizer = registry
         .tokenizer(tokenizer_type, tokenizer_config(a))
         .with_context(|| format!("building the tokenizer {tokenizer_type} from --vocab-file/--merge-file/..."))?;
