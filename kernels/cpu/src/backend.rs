@@ -1,6 +1,7 @@
 //! `impl Backend for CpuBackend`: every trait method validates through its module and runs
 //! inside this backend's rayon pool.
 
+use crate::widen::{input, input_opt, out_opt, Out};
 use crate::{
     activation, attention, elementwise, embedding, gemm, kv_attention, loss, memory, norm, optim, rotary, CpuBackend,
 };
@@ -34,25 +35,48 @@ impl Backend for CpuBackend {
     }
 
     fn fill(&self, t: &mut DeviceTensor, value: f32) -> Result<()> {
-        self.run(|| elementwise::fill(t, value))
+        self.run(|| {
+            let mut o = Out::new(t, false)?;
+            elementwise::fill(o.t(), value)?;
+            o.finish()
+        })
     }
     fn scale(&self, t: &mut DeviceTensor, s: f32) -> Result<()> {
-        self.run(|| elementwise::scale(t, s))
+        self.run(|| {
+            let mut o = Out::new(t, true)?;
+            elementwise::scale(o.t(), s)?;
+            o.finish()
+        })
     }
     fn axpy(&self, a: &mut DeviceTensor, alpha: f32, b: &DeviceTensor) -> Result<()> {
-        self.run(|| elementwise::axpy(a, alpha, b))
+        self.run(|| {
+            let b = input(b)?;
+            let mut o = Out::new(a, true)?;
+            elementwise::axpy(o.t(), alpha, &b)?;
+            o.finish()
+        })
     }
     fn add(&self, a: &DeviceTensor, b: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| elementwise::add(a, b, out))
+        self.run(|| {
+            let (a, b) = (input(a)?, input(b)?);
+            let mut o = Out::new(out, false)?;
+            elementwise::add(&a, &b, o.t())?;
+            o.finish()
+        })
     }
     fn sum_rows(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| elementwise::sum_rows(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, true)?;
+            elementwise::sum_rows(&x, o.t())?;
+            o.finish()
+        })
     }
     fn sum_squares(&self, x: &DeviceTensor) -> Result<f64> {
-        self.run(|| elementwise::sum_squares(x))
+        self.run(|| elementwise::sum_squares(&*input(x)?))
     }
     fn abs_max(&self, x: &DeviceTensor) -> Result<(f32, bool)> {
-        self.run(|| elementwise::abs_max(x))
+        self.run(|| elementwise::abs_max(&*input(x)?))
     }
 
     fn gemm(
@@ -63,7 +87,8 @@ impl Backend for CpuBackend {
         spec: GemmSpec,
         bias: Option<&DeviceTensor>,
     ) -> Result<()> {
-        self.run(|| gemm::gemm_op(a, b, c, spec, bias))
+        let kernel = self.bf16_kernel();
+        self.run(|| gemm::gemm_op(a, b, c, spec, bias, kernel))
     }
 
     fn layernorm_forward(
@@ -76,7 +101,12 @@ impl Backend for CpuBackend {
         mean: &mut DeviceTensor,
         rstd: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| norm::layernorm_forward(x, weight, bias, eps, out, mean, rstd))
+        self.run(|| {
+            let (x, weight, bias) = (input(x)?, input(weight)?, input_opt(bias)?);
+            let mut o = Out::new(out, false)?;
+            norm::layernorm_forward(&x, &weight, bias.as_deref(), eps, o.t(), mean, rstd)?;
+            o.finish()
+        })
     }
     fn layernorm_backward(
         &self,
@@ -89,7 +119,16 @@ impl Backend for CpuBackend {
         d_weight: &mut DeviceTensor,
         d_bias: Option<&mut DeviceTensor>,
     ) -> Result<()> {
-        self.run(|| norm::layernorm_backward(d_out, x, weight, mean, rstd, d_x, d_weight, d_bias))
+        self.run(|| {
+            let (d_out, x, weight) = (input(d_out)?, input(x)?, input(weight)?);
+            let mut dx = Out::new(d_x, false)?;
+            let mut dw = Out::new(d_weight, true)?;
+            let mut db = out_opt(d_bias, true)?;
+            norm::layernorm_backward(&d_out, &x, &weight, mean, rstd, dx.t(), dw.t(), db.as_mut().map(|d| d.t()))?;
+            dx.finish()?;
+            dw.finish()?;
+            db.map_or(Ok(()), Out::finish)
+        })
     }
     fn rmsnorm_forward(
         &self,
@@ -99,7 +138,12 @@ impl Backend for CpuBackend {
         out: &mut DeviceTensor,
         rstd: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| norm::rmsnorm_forward(x, weight, eps, out, rstd))
+        self.run(|| {
+            let (x, weight) = (input(x)?, input(weight)?);
+            let mut o = Out::new(out, false)?;
+            norm::rmsnorm_forward(&x, &weight, eps, o.t(), rstd)?;
+            o.finish()
+        })
     }
     fn rmsnorm_backward(
         &self,
@@ -110,29 +154,70 @@ impl Backend for CpuBackend {
         d_x: &mut DeviceTensor,
         d_weight: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| norm::rmsnorm_backward(d_out, x, weight, rstd, d_x, d_weight))
+        self.run(|| {
+            let (d_out, x, weight) = (input(d_out)?, input(x)?, input(weight)?);
+            let mut dx = Out::new(d_x, false)?;
+            let mut dw = Out::new(d_weight, true)?;
+            norm::rmsnorm_backward(&d_out, &x, &weight, rstd, dx.t(), dw.t())?;
+            dx.finish()?;
+            dw.finish()
+        })
     }
 
     fn gelu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::gelu_forward(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, false)?;
+            activation::gelu_forward(&x, o.t())?;
+            o.finish()
+        })
     }
     fn gelu_backward(&self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::gelu_backward(x, d_out, d_x))
+        self.run(|| {
+            let (x, d_out) = (input(x)?, input(d_out)?);
+            let mut o = Out::new(d_x, false)?;
+            activation::gelu_backward(&x, &d_out, o.t())?;
+            o.finish()
+        })
     }
     fn swiglu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::swiglu_forward(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, false)?;
+            activation::swiglu_forward(&x, o.t())?;
+            o.finish()
+        })
     }
     fn swiglu_backward(&self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::swiglu_backward(x, d_out, d_x))
+        self.run(|| {
+            let (x, d_out) = (input(x)?, input(d_out)?);
+            let mut o = Out::new(d_x, false)?;
+            activation::swiglu_backward(&x, &d_out, o.t())?;
+            o.finish()
+        })
     }
     fn softmax_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::softmax_forward(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, false)?;
+            activation::softmax_forward(&x, o.t())?;
+            o.finish()
+        })
     }
     fn softmax_backward(&self, y: &DeviceTensor, d_y: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::softmax_backward(y, d_y, d_x))
+        self.run(|| {
+            let (y, d_y) = (input(y)?, input(d_y)?);
+            let mut o = Out::new(d_x, false)?;
+            activation::softmax_backward(&y, &d_y, o.t())?;
+            o.finish()
+        })
     }
     fn dropout(&self, x: &mut DeviceTensor, p: f32, seed: u64) -> Result<()> {
-        self.run(|| elementwise::dropout(x, p, seed))
+        self.run(|| {
+            let mut o = Out::new(x, true)?;
+            elementwise::dropout(o.t(), p, seed)?;
+            o.finish()
+        })
     }
 
     fn attention_forward(
@@ -142,7 +227,12 @@ impl Backend for CpuBackend {
         lse: &mut DeviceTensor,
         spec: AttentionSpec,
     ) -> Result<()> {
-        self.run(|| attention::attention_forward(qkv, out, lse, spec))
+        self.run(|| {
+            let qkv = input(qkv)?;
+            let mut o = Out::new(out, false)?;
+            attention::attention_forward(&qkv, o.t(), lse, spec)?;
+            o.finish()
+        })
     }
     fn attention_backward(
         &self,
@@ -153,7 +243,12 @@ impl Backend for CpuBackend {
         d_qkv: &mut DeviceTensor,
         spec: AttentionSpec,
     ) -> Result<()> {
-        self.run(|| attention::attention_backward(d_out, qkv, out, lse, d_qkv, spec))
+        self.run(|| {
+            let (d_out, qkv, out) = (input(d_out)?, input(qkv)?, input(out)?);
+            let mut o = Out::new(d_qkv, false)?;
+            attention::attention_backward(&d_out, &qkv, &out, lse, o.t(), spec)?;
+            o.finish()
+        })
     }
     fn attention_kv_cache(
         &self,
@@ -164,10 +259,22 @@ impl Backend for CpuBackend {
         out: &mut DeviceTensor,
         spec: KvCacheAttentionSpec,
     ) -> Result<()> {
-        self.run(|| kv_attention::attention_kv_cache(qkv, k_cache, v_cache, key_start, out, spec))
+        self.run(|| {
+            let qkv = input(qkv)?;
+            let (mut kc, mut vc) = (Out::new(k_cache, true)?, Out::new(v_cache, true)?);
+            let mut o = Out::new(out, false)?;
+            kv_attention::attention_kv_cache(&qkv, kc.t(), vc.t(), key_start, o.t(), spec)?;
+            kc.finish()?;
+            vc.finish()?;
+            o.finish()
+        })
     }
     fn rotary(&self, qkv: &mut DeviceTensor, spec: RotarySpec, inverse: bool) -> Result<()> {
-        self.run(|| rotary::rotary(qkv, spec, inverse))
+        self.run(|| {
+            let mut o = Out::new(qkv, true)?;
+            rotary::rotary(o.t(), spec, inverse)?;
+            o.finish()
+        })
     }
 
     fn embedding_forward(
@@ -178,7 +285,12 @@ impl Backend for CpuBackend {
         out: &mut DeviceTensor,
         accumulate: bool,
     ) -> Result<()> {
-        self.run(|| embedding::embedding_forward(ids, table, row_start, out, accumulate))
+        self.run(|| {
+            let table = input(table)?;
+            let mut o = Out::new(out, accumulate)?;
+            embedding::embedding_forward(ids, &table, row_start, o.t(), accumulate)?;
+            o.finish()
+        })
     }
     fn embedding_backward(
         &self,
@@ -187,10 +299,15 @@ impl Backend for CpuBackend {
         row_start: usize,
         d_table: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| embedding::embedding_backward(ids, d_out, row_start, d_table))
+        self.run(|| {
+            let d_out = input(d_out)?;
+            let mut o = Out::new(d_table, true)?;
+            embedding::embedding_backward(ids, &d_out, row_start, o.t())?;
+            o.finish()
+        })
     }
     fn row_max(&self, logits: &DeviceTensor, row_max: &mut DeviceTensor) -> Result<()> {
-        self.run(|| loss::row_max(logits, row_max))
+        self.run(|| loss::row_max(&*input(logits)?, row_max))
     }
     fn cross_entropy_stats(
         &self,
@@ -201,7 +318,10 @@ impl Backend for CpuBackend {
         sum_exp: &mut DeviceTensor,
         target_logit: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| loss::cross_entropy_stats(logits, targets, vocab_start, row_max, sum_exp, target_logit))
+        self.run(|| {
+            let logits = input(logits)?;
+            loss::cross_entropy_stats(&logits, targets, vocab_start, row_max, sum_exp, target_logit)
+        })
     }
     fn cross_entropy_backward_inplace(
         &self,
@@ -212,7 +332,11 @@ impl Backend for CpuBackend {
         sum_exp: &DeviceTensor,
         d_loss: &DeviceTensor,
     ) -> Result<()> {
-        self.run(|| loss::cross_entropy_backward_inplace(logits, targets, vocab_start, row_max, sum_exp, d_loss))
+        self.run(|| {
+            let mut o = Out::new(logits, true)?;
+            loss::cross_entropy_backward_inplace(o.t(), targets, vocab_start, row_max, sum_exp, d_loss)?;
+            o.finish()
+        })
     }
 
     fn adam_step(
@@ -223,7 +347,15 @@ impl Backend for CpuBackend {
         exp_avg_sq: &mut DeviceTensor,
         step: AdamStep,
     ) -> Result<()> {
-        self.run(|| optim::adam_step(param, grad, exp_avg, exp_avg_sq, step))
+        self.run(|| {
+            let grad = input(grad)?;
+            let mut p = Out::new(param, true)?;
+            let (mut m, mut v) = (Out::new(exp_avg, true)?, Out::new(exp_avg_sq, true)?);
+            optim::adam_step(p.t(), &grad, m.t(), v.t(), step)?;
+            p.finish()?;
+            m.finish()?;
+            v.finish()
+        })
     }
     fn sgd_step(
         &self,
@@ -235,6 +367,12 @@ impl Backend for CpuBackend {
         weight_decay: f32,
         first_step: bool,
     ) -> Result<()> {
-        self.run(|| optim::sgd_step(param, grad, momentum_buf, lr, momentum, weight_decay, first_step))
+        self.run(|| {
+            let grad = input(grad)?;
+            let (mut p, mut b) = (Out::new(param, true)?, Out::new(momentum_buf, true)?);
+            optim::sgd_step(p.t(), &grad, b.t(), lr, momentum, weight_decay, first_step)?;
+            p.finish()?;
+            b.finish()
+        })
     }
 }

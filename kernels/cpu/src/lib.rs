@@ -16,6 +16,7 @@ mod elementwise;
 mod embedding;
 mod expvec;
 mod gemm;
+mod gemm_half;
 mod kv_attention;
 mod loss;
 mod memory;
@@ -27,8 +28,10 @@ mod rotary;
 mod scratch;
 pub mod simd;
 mod tile;
+mod widen;
 
 pub use crate::gemm::measure_gemm_gflops;
+pub use crate::gemm_half::bf16_dot_supported;
 pub use attention::TILE as ATTENTION_TILE;
 
 use megatron_core::registry::{parse_config, ConfigDe};
@@ -40,6 +43,13 @@ use std::sync::Arc;
 /// threads when built with [`CpuBackend::with_threads`].
 pub struct CpuBackend {
     pool: Option<rayon::ThreadPool>,
+    /// Use the AVX512-BF16 kernel for bf16 × bf16 GEMMs (when the CPU has it).
+    bf16_dot: bool,
+}
+
+/// `MEGATRON_CPU_BF16_FALLBACK=1` forces the widened-f32 bf16 GEMM (for tests and A/B timing).
+fn fallback_forced_by_env() -> bool {
+    std::env::var("MEGATRON_CPU_BF16_FALLBACK").is_ok_and(|v| v == "1")
 }
 
 impl Default for CpuBackend {
@@ -51,7 +61,7 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// A backend on the global rayon pool (`RAYON_NUM_THREADS` or one thread per core).
     pub fn new() -> CpuBackend {
-        CpuBackend { pool: None }
+        CpuBackend { pool: None, bf16_dot: !fallback_forced_by_env() }
     }
 
     /// A backend that runs every op on its own pool of `threads` threads.
@@ -64,7 +74,30 @@ impl CpuBackend {
             .thread_name(|i| format!("megatron-cpu-{i}"))
             .build()
             .map_err(|e| anyhow::anyhow!("cpu backend: cannot start a pool of {threads} threads: {e}"))?;
-        Ok(CpuBackend { pool: Some(pool) })
+        Ok(CpuBackend { pool: Some(pool), bf16_dot: !fallback_forced_by_env() })
+    }
+
+    /// With `true`, bf16 × bf16 GEMMs take the portable widened-f32 kernel even on a CPU with
+    /// AVX512-BF16 (the path other CPUs always take); for tests and A/B timing.
+    pub fn force_bf16_fallback(mut self, on: bool) -> CpuBackend {
+        self.bf16_dot = !on;
+        self
+    }
+
+    /// The kernel bf16 × bf16 GEMMs run on: `"avx512bf16"` (`vdpbf16ps`) or `"f32-fma"`.
+    pub fn bf16_gemm_kernel(&self) -> &'static str {
+        match self.bf16_kernel() {
+            gemm_half::Kernel::Dp => "avx512bf16",
+            gemm_half::Kernel::Fma => "f32-fma",
+        }
+    }
+
+    pub(crate) fn bf16_kernel(&self) -> gemm_half::Kernel {
+        if self.bf16_dot && bf16_dot_supported() {
+            gemm_half::Kernel::Dp
+        } else {
+            gemm_half::Kernel::Fma
+        }
     }
 
     /// Threads an op may use.
