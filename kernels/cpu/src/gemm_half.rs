@@ -338,6 +338,12 @@ impl Micro for f32 {
     }
     #[inline(always)]
     fn kernel(kp: usize, a: &[f32], b: &[f32], acc: &mut [[f32; NR]; MR]) {
+        assert!(a.len() >= kp * 2 * MR && b.len() >= kp * 2 * NR, "fma kernel: panel too short");
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd::level() == crate::simd::Level::Avx512 {
+            // SAFETY: AVX-512F was detected; the panel lengths were checked above.
+            return unsafe { dp::kernel_fma(2 * kp, a.as_ptr(), b.as_ptr(), acc) };
+        }
         fma_kernel(kp, a, b, acc)
     }
 }
@@ -362,6 +368,68 @@ crate::simd_kernel! {
 mod dp {
     use super::{MR, NR, NV};
     use std::arch::x86_64::*;
+
+    /// 24 independent `vdpbf16ps` chains, `iters` times (the throughput bound of the kernel).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn peak_loop(iters: u64) -> [__m512; 24] {
+        let mut acc = [_mm512_setzero_ps(); 24];
+        let a = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3f80_3f80));
+        let b = std::hint::black_box(std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(0x3400_3400)));
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_dpbf16_ps(*x, a, b);
+            }
+        }
+        acc
+    }
+
+    /// The same with f32 FMAs (`vfmadd231ps`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn peak_loop_fma(iters: u64) -> [__m512; 24] {
+        let mut acc = [_mm512_setzero_ps(); 24];
+        let a = _mm512_set1_ps(1.000_1);
+        let b = std::hint::black_box(_mm512_set1_ps(1e-7));
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(a, b, *x);
+            }
+        }
+        acc
+    }
+
+    /// The f32 microkernel with explicit AVX-512 FMAs (same tile, k-row-major panels): the
+    /// widened path for bf16/fp16/mixed operands on AVX-512 CPUs.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F; `a` must hold `kk·MR` floats and `b` `kk·NR`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn kernel_fma(kk: usize, a: *const f32, b: *const f32, acc: &mut [[f32; NR]; MR]) {
+        let mut t = [[_mm512_setzero_ps(); NV]; MR];
+        for p in 0..kk {
+            let bp = b.add(p * NR);
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(bp.add(v * 16));
+            }
+            for (r, row) in t.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*a.add(p * MR + r));
+                for (x, &bvv) in row.iter_mut().zip(&bv) {
+                    *x = _mm512_fmadd_ps(av, bvv, *x);
+                }
+            }
+        }
+        for (dst, row) in acc.iter_mut().zip(&t) {
+            for (v, x) in row.iter().enumerate() {
+                _mm512_storeu_ps(dst.as_mut_ptr().add(v * 16), *x);
+            }
+        }
+    }
 
     /// # Safety
     /// The CPU must have AVX-512F and AVX512-BF16; `a` must hold `kp·MR` pairs and `b`
@@ -514,4 +582,35 @@ fn epilogue(job: &Job, acc: &[[f32; NR]; MR], i0: usize, j0: usize, partial: Opt
             }
         }
     }
+}
+
+/// Register-only throughput of this CPU on `backend`'s threads, in GFLOP/s:
+/// `(vdpbf16ps, f32 vfmadd)` (64 and 32 flops per 512-bit instruction), each thread running 24
+/// independent accumulator chains for a fixed instruction count. `(0, 0)` without
+/// AVX512-BF16. The ceilings the bf16 and f32 GEMMs are measured against.
+pub fn bf16_dot_peak_gflops(backend: &crate::CpuBackend) -> (f64, f64) {
+    if !bf16_dot_supported() {
+        return (0.0, 0.0);
+    }
+    let threads = backend.threads();
+    let iters = 4_000_000u64;
+    let rate = |dot: bool| {
+        let t = std::time::Instant::now();
+        backend.run(|| {
+            (0..threads).into_par_iter().with_max_len(1).for_each(|_| {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX512-BF16 and AVX-512F were detected above.
+                unsafe {
+                    if dot {
+                        std::hint::black_box(dp::peak_loop(iters));
+                    } else {
+                        std::hint::black_box(dp::peak_loop_fma(iters));
+                    }
+                }
+            })
+        });
+        let flops = if dot { 64 } else { 32 };
+        (threads as u64 * iters * 24 * flops) as f64 / t.elapsed().as_secs_f64() / 1e9
+    };
+    (rate(true), rate(false))
 }

@@ -31,7 +31,7 @@ mod tile;
 mod widen;
 
 pub use crate::gemm::measure_gemm_gflops;
-pub use crate::gemm_half::bf16_dot_supported;
+pub use crate::gemm_half::{bf16_dot_peak_gflops, bf16_dot_supported};
 pub use attention::TILE as ATTENTION_TILE;
 
 use megatron_core::registry::{parse_config, ConfigDe};
@@ -43,13 +43,37 @@ use std::sync::Arc;
 /// threads when built with [`CpuBackend::with_threads`].
 pub struct CpuBackend {
     pool: Option<rayon::ThreadPool>,
-    /// Use the AVX512-BF16 kernel for bf16 × bf16 GEMMs (when the CPU has it).
-    bf16_dot: bool,
+    /// `Some(true)`: bf16 × bf16 GEMMs use `vdpbf16ps` (when the CPU has it); `Some(false)`:
+    /// the widened-f32 kernel; `None`: [`default_bf16_dot`] decides.
+    bf16_dot: Option<bool>,
 }
 
-/// `MEGATRON_CPU_BF16_FALLBACK=1` forces the widened-f32 bf16 GEMM (for tests and A/B timing).
-fn fallback_forced_by_env() -> bool {
-    std::env::var("MEGATRON_CPU_BF16_FALLBACK").is_ok_and(|v| v == "1")
+/// `MEGATRON_CPU_BF16_KERNEL=fma` forces the widened-f32 bf16 GEMM, `=dot` the AVX512-BF16 one
+/// (for tests and A/B timing); unset: [`default_bf16_dot`].
+fn bf16_kernel_from_env() -> Option<bool> {
+    match std::env::var("MEGATRON_CPU_BF16_KERNEL").as_deref() {
+        Ok("fma") => Some(false),
+        Ok("dot") => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether bf16 GEMMs use `vdpbf16ps` by default: on AMD CPUs (Zen 4/5 run it at twice the f32
+/// FMA rate) but not on Intel ones, where it measured 3x *slower* than f32 FMAs in flops
+/// (`cargo bench -p megatron-cpu --bench ops -- bf16` prints both peaks), so widening to f32 in
+/// the packing and running FMAs is the fast path there. A fixed per-machine choice (not a
+/// timing), so results are reproducible run to run.
+pub fn default_bf16_dot() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let id = std::arch::x86_64::__cpuid(0); // leaf 0: the vendor string
+        let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx].iter().flat_map(|r| r.to_le_bytes()).collect();
+        bf16_dot_supported() && vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 impl Default for CpuBackend {
@@ -61,7 +85,7 @@ impl Default for CpuBackend {
 impl CpuBackend {
     /// A backend on the global rayon pool (`RAYON_NUM_THREADS` or one thread per core).
     pub fn new() -> CpuBackend {
-        CpuBackend { pool: None, bf16_dot: !fallback_forced_by_env() }
+        CpuBackend { pool: None, bf16_dot: bf16_kernel_from_env() }
     }
 
     /// A backend that runs every op on its own pool of `threads` threads.
@@ -74,13 +98,20 @@ impl CpuBackend {
             .thread_name(|i| format!("megatron-cpu-{i}"))
             .build()
             .map_err(|e| anyhow::anyhow!("cpu backend: cannot start a pool of {threads} threads: {e}"))?;
-        Ok(CpuBackend { pool: Some(pool), bf16_dot: !fallback_forced_by_env() })
+        Ok(CpuBackend { pool: Some(pool), bf16_dot: bf16_kernel_from_env() })
     }
 
-    /// With `true`, bf16 × bf16 GEMMs take the portable widened-f32 kernel even on a CPU with
-    /// AVX512-BF16 (the path other CPUs always take); for tests and A/B timing.
+    /// With `true`, bf16 × bf16 GEMMs take the widened-f32 kernel (explicit AVX-512 FMAs, or a
+    /// portable loop) even on a CPU where `vdpbf16ps` is the default; for tests and A/B timing.
     pub fn force_bf16_fallback(mut self, on: bool) -> CpuBackend {
-        self.bf16_dot = !on;
+        self.bf16_dot = if on { Some(false) } else { None };
+        self
+    }
+
+    /// With `true`, bf16 × bf16 GEMMs use the AVX512-BF16 `vdpbf16ps` kernel whenever the CPU
+    /// has it, whatever [`default_bf16_dot`] says.
+    pub fn force_bf16_dot(mut self, on: bool) -> CpuBackend {
+        self.bf16_dot = if on { Some(true) } else { None };
         self
     }
 
@@ -93,7 +124,7 @@ impl CpuBackend {
     }
 
     pub(crate) fn bf16_kernel(&self) -> gemm_half::Kernel {
-        if self.bf16_dot && bf16_dot_supported() {
+        if self.bf16_dot.unwrap_or_else(default_bf16_dot) && bf16_dot_supported() {
             gemm_half::Kernel::Dp
         } else {
             gemm_half::Kernel::Fma

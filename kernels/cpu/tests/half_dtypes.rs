@@ -70,7 +70,8 @@ fn check(what: &str, dt: DType, got: &[f32], want: &[f64], atol: f64, rtol: f64)
 fn gemm_half_all_variants_match_reference() {
     let mut rng = Rng::new(11);
     for fallback in [false, true] {
-        let be = CpuBackend::new().force_bf16_fallback(fallback);
+        let be =
+            if fallback { CpuBackend::new().force_bf16_fallback(true) } else { CpuBackend::new().force_bf16_dot(true) };
         for dt in HALVES {
             for &(m, n, k) in &[(1, 1, 1), (7, 13, 5), (33, 50, 37), (19, 97, 801), (4, 4, 0), (130, 49, 8)] {
                 for trans_a in [false, true] {
@@ -126,7 +127,7 @@ fn gemm_mixed_operand_dtypes() {
     assert!(e.contains("gemm") && e.contains("`a`") && e.contains("int32"), "{e}");
 }
 
-/// The AVX512-BF16 kernel equals the widened-f32 fallback within the f32 accumulation
+/// The AVX512-BF16 kernel (forced on) equals the widened-f32 fallback within the f32 accumulation
 /// tolerance, and both are bit-identical across thread counts (K is never split).
 #[test]
 fn bf16_gemm_dot_kernel_equals_fallback_and_ignores_thread_count() {
@@ -143,9 +144,12 @@ fn bf16_gemm_dot_kernel_equals_fallback_and_ignores_thread_count() {
     };
     let fallback = CpuBackend::new().force_bf16_fallback(true);
     assert_eq!(fallback.bf16_gemm_kernel(), "f32-fma");
+    // The default is a fixed per-CPU choice.
+    let default = if megatron_cpu::default_bf16_dot() { "avx512bf16" } else { "f32-fma" };
+    assert_eq!(CpuBackend::new().force_bf16_dot(false).bf16_gemm_kernel(), default);
     let base_fb = run(&fallback);
     for threads in [1, 2, 3] {
-        let be = CpuBackend::with_threads(threads).unwrap();
+        let be = CpuBackend::with_threads(threads).unwrap().force_bf16_dot(true);
         let got = run(&be);
         let fb = run(&CpuBackend::with_threads(threads).unwrap().force_bf16_fallback(true));
         assert!(fb == base_fb, "fallback result changed with {threads} threads");
@@ -154,7 +158,7 @@ fn bf16_gemm_dot_kernel_equals_fallback_and_ignores_thread_count() {
         } else {
             eprintln!("skipping the AVX512-BF16 half of this test: the CPU has no avx512bf16");
         }
-        let base = run(&CpuBackend::with_threads(1).unwrap());
+        let base = run(&CpuBackend::with_threads(1).unwrap().force_bf16_dot(true));
         assert!(got == base, "{} result changed with {threads} threads", be.bf16_gemm_kernel());
         let want: Vec<f64> = base_fb.iter().map(|&x| x as f64).collect();
         assert_close("dot kernel vs fallback", &got, &want, 2e-6 * k as f64, 1e-5);
