@@ -230,8 +230,16 @@ fn bench_bf16(be: &CpuBackend, m: usize, c: usize, vocab: usize, quick: bool) {
         let reps = if quick || out_f == vocab { 2 } else { 5 };
         let variants = [
             ("fwd", GemmSpec::linear(m, out_f, in_f), DType::BF16),
-            ("dX", GemmSpec { m, n: in_f, k: out_f, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0 }, DType::BF16),
-            ("dW", GemmSpec { m: out_f, n: in_f, k: m, trans_a: true, trans_b: false, alpha: 1.0, beta: 1.0 }, DType::F32),
+            (
+                "dX",
+                GemmSpec { m, n: in_f, k: out_f, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0 },
+                DType::BF16,
+            ),
+            (
+                "dW",
+                GemmSpec { m: out_f, n: in_f, k: m, trans_a: true, trans_b: false, alpha: 1.0, beta: 1.0 },
+                DType::F32,
+            ),
         ];
         for (var, spec, c_dt) in variants {
             let f32r = gemm_rate(be, DType::F32, DType::F32, spec, reps);
