@@ -35,34 +35,16 @@ impl Backend for CpuBackend {
     }
 
     fn fill(&self, t: &mut DeviceTensor, value: f32) -> Result<()> {
-        self.run(|| {
-            let mut o = Out::new(t, false)?;
-            elementwise::fill(o.t(), value)?;
-            o.finish()
-        })
+        self.run(|| elementwise::fill(t, value))
     }
     fn scale(&self, t: &mut DeviceTensor, s: f32) -> Result<()> {
-        self.run(|| {
-            let mut o = Out::new(t, true)?;
-            elementwise::scale(o.t(), s)?;
-            o.finish()
-        })
+        self.run(|| elementwise::scale(t, s))
     }
     fn axpy(&self, a: &mut DeviceTensor, alpha: f32, b: &DeviceTensor) -> Result<()> {
-        self.run(|| {
-            let b = input(b)?;
-            let mut o = Out::new(a, true)?;
-            elementwise::axpy(o.t(), alpha, &b)?;
-            o.finish()
-        })
+        self.run(|| elementwise::axpy(a, alpha, b))
     }
     fn add(&self, a: &DeviceTensor, b: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| {
-            let (a, b) = (input(a)?, input(b)?);
-            let mut o = Out::new(out, false)?;
-            elementwise::add(&a, &b, o.t())?;
-            o.finish()
-        })
+        self.run(|| elementwise::add(a, b, out))
     }
     fn sum_rows(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         self.run(|| {
@@ -165,20 +147,10 @@ impl Backend for CpuBackend {
     }
 
     fn gelu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| {
-            let x = input(x)?;
-            let mut o = Out::new(out, false)?;
-            activation::gelu_forward(&x, o.t())?;
-            o.finish()
-        })
+        self.run(|| activation::gelu_forward(x, out))
     }
     fn gelu_backward(&self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        self.run(|| {
-            let (x, d_out) = (input(x)?, input(d_out)?);
-            let mut o = Out::new(d_x, false)?;
-            activation::gelu_backward(&x, &d_out, o.t())?;
-            o.finish()
-        })
+        self.run(|| activation::gelu_backward(x, d_out, d_x))
     }
     fn swiglu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
         self.run(|| {
@@ -213,11 +185,7 @@ impl Backend for CpuBackend {
         })
     }
     fn dropout(&self, x: &mut DeviceTensor, p: f32, seed: u64) -> Result<()> {
-        self.run(|| {
-            let mut o = Out::new(x, true)?;
-            elementwise::dropout(o.t(), p, seed)?;
-            o.finish()
-        })
+        self.run(|| elementwise::dropout(x, p, seed))
     }
 
     fn attention_forward(
@@ -307,7 +275,7 @@ impl Backend for CpuBackend {
         })
     }
     fn row_max(&self, logits: &DeviceTensor, row_max: &mut DeviceTensor) -> Result<()> {
-        self.run(|| loss::row_max(&*input(logits)?, row_max))
+        self.run(|| loss::row_max(logits, row_max))
     }
     fn cross_entropy_stats(
         &self,
@@ -318,10 +286,7 @@ impl Backend for CpuBackend {
         sum_exp: &mut DeviceTensor,
         target_logit: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| {
-            let logits = input(logits)?;
-            loss::cross_entropy_stats(&logits, targets, vocab_start, row_max, sum_exp, target_logit)
-        })
+        self.run(|| loss::cross_entropy_stats(logits, targets, vocab_start, row_max, sum_exp, target_logit))
     }
     fn cross_entropy_backward_inplace(
         &self,
@@ -332,11 +297,7 @@ impl Backend for CpuBackend {
         sum_exp: &DeviceTensor,
         d_loss: &DeviceTensor,
     ) -> Result<()> {
-        self.run(|| {
-            let mut o = Out::new(logits, true)?;
-            loss::cross_entropy_backward_inplace(o.t(), targets, vocab_start, row_max, sum_exp, d_loss)?;
-            o.finish()
-        })
+        self.run(|| loss::cross_entropy_backward_inplace(logits, targets, vocab_start, row_max, sum_exp, d_loss))
     }
 
     fn adam_step(

@@ -7,6 +7,7 @@
 //! cross-entropy, ...) come through here.
 
 use crate::check::is_half;
+use crate::gemm_half::{Dst, Src};
 use megatron_core::half::{bf16, f16};
 use megatron_core::{DType, DeviceTensor, HostBuffer, Result};
 use rayon::prelude::*;
@@ -126,4 +127,69 @@ impl<'a> Out<'a> {
 /// [`Out::new`] for an optional argument.
 pub(crate) fn out_opt(t: Option<&mut DeviceTensor>, read: bool) -> Result<Option<Out<'_>>> {
     t.map(|t| Out::new(t, read)).transpose()
+}
+
+/// Per-thread buffers of [`chunked`]: one for the output chunk, one per input.
+type Bufs = (Vec<f32>, Vec<Vec<f32>>);
+
+/// Chunk `r` of `src` as f32: borrowed when fp32, else widened into `buf`.
+fn chunk_f32<'b>(src: &'b Src, r: std::ops::Range<usize>, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    match src {
+        Src::F32(x) => &x[r],
+        Src::BF16(x) => {
+            buf.resize(r.len(), 0.0);
+            widen_bf16(&x[r], buf);
+            buf
+        }
+        Src::F16(x) => {
+            buf.resize(r.len(), 0.0);
+            widen_f16(&x[r], buf);
+            buf
+        }
+    }
+}
+
+/// Elementwise op with the widening fused into its chunks: `out` and every input (all of
+/// `out`'s length) are cut into `chunk`-sized pieces; for each, half data are widened into
+/// per-thread f32 buffers, `f(chunk_index, out_f32, inputs_f32)` runs, and a half `out` is
+/// rounded back. fp32 data are used in place, so the fp32 path is unchanged and no full-size
+/// temporary is made for any dtype. `read_out`: `f` reads `out`'s old values.
+pub(crate) fn chunked(
+    out: Dst,
+    read_out: bool,
+    ins: &[Src],
+    chunk: usize,
+    f: impl Fn(usize, &mut [f32], &[&[f32]]) + Sync + Send,
+) {
+    let init = || -> Bufs { (Vec::new(), vec![Vec::new(); ins.len()]) };
+    let run = |bufs: &mut Bufs, ci: usize, len: usize, o: &mut [f32]| {
+        let r = ci * chunk..ci * chunk + len;
+        let views: Vec<&[f32]> = ins.iter().zip(bufs.1.iter_mut()).map(|(s, b)| chunk_f32(s, r.clone(), b)).collect();
+        f(ci, o, &views);
+    };
+    match out {
+        Dst::F32(o) => {
+            o.par_chunks_mut(chunk).enumerate().for_each_init(init, |bufs, (ci, o)| run(bufs, ci, o.len(), o))
+        }
+        Dst::BF16(o) => o.par_chunks_mut(chunk).enumerate().for_each_init(init, |bufs, (ci, o)| {
+            let mut ob = std::mem::take(&mut bufs.0);
+            ob.resize(o.len(), 0.0);
+            if read_out {
+                widen_bf16(o, &mut ob);
+            }
+            run(bufs, ci, o.len(), &mut ob);
+            narrow_bf16(&ob, o);
+            bufs.0 = ob;
+        }),
+        Dst::F16(o) => o.par_chunks_mut(chunk).enumerate().for_each_init(init, |bufs, (ci, o)| {
+            let mut ob = std::mem::take(&mut bufs.0);
+            ob.resize(o.len(), 0.0);
+            if read_out {
+                widen_f16(o, &mut ob);
+            }
+            run(bufs, ci, o.len(), &mut ob);
+            narrow_f16(&ob, o);
+            bufs.0 = ob;
+        }),
+    }
 }
