@@ -1,8 +1,13 @@
 //! `megatron-cpu`: the CPU compute backend ([`CpuBackend`], plugin name `cpu`).
 //!
-//! Tensors live in host memory (`Storage::Host`); fp32 is the compute dtype of every op, while
-//! `zeros`/`from_host`/`to_host`/`copy`/`cast` handle every [`megatron_core::DType`]. Matmuls go
-//! to the `gemm` crate (AVX-512 kernels with the `x86-v4` feature), attention is a tiled
+//! Tensors live in host memory (`Storage::Host`); `zeros`/`from_host`/`to_host`/`copy`/`cast`
+//! handle every [`megatron_core::DType`], and every compute op takes fp32, bf16 and fp16 tensors
+//! with the mixed-precision rules of [`megatron_core::Backend`]: f32 arithmetic, half data
+//! widened at the op boundary (fused into the chunks/rows/GEMM packing of the hot ops, see
+//! `widen.rs`) and rounded once into the output's dtype. fp32 matmuls go to the `gemm` crate
+//! (AVX-512 kernels with the `x86-v4` feature); bf16/fp16/mixed ones to `gemm_half.rs` (packed
+//! panels, AVX512-BF16 `vdpbf16ps` or AVX-512 FMAs on widened panels, K never split across
+//! threads; [`CpuBackend::bf16_gemm_kernel`] says which). Attention is a tiled
 //! online-softmax kernel that never materialises the `(B, heads, T, T)` score matrix, and the
 //! elementwise/row ops are rayon-parallel loops compiled for AVX-512/AVX2 at run time.
 //!
@@ -168,7 +173,7 @@ fn build_backend(de: ConfigDe) -> Result<Arc<dyn Backend>> {
 fn plugins() -> Vec<Plugin> {
     vec![Plugin {
         name: "cpu",
-        description: "CPU backend: gemm-crate matmuls, tiled flash attention, rayon kernels (fp32)",
+        description: "CPU backend: gemm-crate + bf16 (AVX512-BF16) matmuls, tiled flash attention, rayon kernels (fp32/bf16/fp16)",
         factory: Factory::Backend(build_backend),
     }]
 }
