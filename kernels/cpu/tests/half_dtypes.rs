@@ -408,3 +408,39 @@ fn optimizers_half() {
         check("sgd buffer", dt, &read(&be, &buf, dt), &wb, 1e-6, 1e-5);
     }
 }
+
+/// Incremental decoding on half qkv and half caches: the new k/v are copied exactly (a copy of
+/// half values is exact), the output is rounded once.
+#[test]
+fn kv_cache_attention_half() {
+    let be = CpuBackend::new();
+    let mut rng = Rng::new(20);
+    let s = megatron_core::KvCacheAttentionSpec {
+        batch: 2,
+        new_tokens: 3,
+        heads: 2,
+        head_dim: 16,
+        capacity: 9,
+        offset: 4,
+        scale: 0.25,
+    };
+    let cache = [s.batch, s.capacity, s.heads, s.head_dim];
+    let n_cache: usize = cache.iter().product();
+    for dt in HALVES {
+        let (qkv, x) = make(
+            &be,
+            dt,
+            &rng.vec(s.batch * s.new_tokens * s.heads * 3 * s.head_dim, 1.5),
+            &[s.batch, s.new_tokens, s.heads, 3, s.head_dim],
+        );
+        let (mut k, k0) = make(&be, dt, &rng.vec(n_cache, 1.0), &cache);
+        let (mut v, v0) = make(&be, dt, &rng.vec(n_cache, 1.0), &cache);
+        let mut out = zeros(&be, dt, &[s.batch, s.new_tokens, s.heads * s.head_dim]);
+        let starts = be.from_host(HostBuffer::I32(vec![0, 2]), &[2]).unwrap();
+        be.attention_kv_cache(&qkv, &mut k, &mut v, Some(&starts), &mut out, s).unwrap();
+        let (want, wk, wv) = r::attention_kv_cache(&x, &k0, &v0, &[0, 2], &s);
+        check("kv attention out", dt, &read(&be, &out, dt), &want, 1e-5, 1e-4);
+        assert_close(&format!("k cache [{dt}]"), &read(&be, &k, dt), &wk, 0.0, 0.0);
+        assert_close(&format!("v cache [{dt}]"), &read(&be, &v, dt), &wv, 0.0, 0.0);
+    }
+}
