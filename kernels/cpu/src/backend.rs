@@ -31,7 +31,7 @@ impl Backend for CpuBackend {
         memory::copy(src, dst)
     }
     fn cast(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
-        memory::cast(src, dst)
+        self.run(|| memory::cast(src, dst))
     }
 
     fn fill(&self, t: &mut DeviceTensor, value: f32) -> Result<()> {
