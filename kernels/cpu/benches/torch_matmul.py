@@ -33,8 +33,9 @@ def main():
           f"mkldnn bf16 {torch.backends.mkldnn.is_available()}")
     print(f"{'shape':<9} {'var':<4} {'M':>6} {'N':>6} {'K':>6} | {'f32':>8} {'bf16':>8} | {'bf16/f32':>8}")
     shapes = [("qkv", 3 * c, c), ("attn-out", c, c), ("fc1", 4 * c, c), ("fc2", c, 4 * c), ("lm-head", vocab, c)]
+    picked = [s for s in shapes if s[0] in sys.argv[1:]] or shapes  # optional shape names
     g = torch.Generator().manual_seed(0)
-    for name, out_f, in_f in shapes:
+    for name, out_f, in_f in picked:
         reps = 2 if (quick or out_f == vocab) else 5
         res = {}
         for dt in (torch.float32, torch.bfloat16):
