@@ -53,7 +53,7 @@ def main():
                     res[("dW", dt)] = rate(lambda: dw.add_(torch.matmul(dy.t(), x)), flops, reps)
         for var, (mm, nn, kk) in (("fwd", (m, out_f, in_f)), ("dX", (m, in_f, out_f)), ("dW", (out_f, in_f, m))):
             f, b = res[(var, torch.float32)], res[(var, torch.bfloat16)]
-            print(f"{name:<9} {var:<4} {mm:>6} {nn:>6} {kk:>6} | {f:>8.1} {b:>8.1} | {b / f:>7.2}x")
+            print(f"{name:<9} {var:<4} {mm:>6} {nn:>6} {kk:>6} | {f:>8.1f} {b:>8.1f} | {b / f:>7.2f}x")
 
 
 if __name__ == "__main__":
