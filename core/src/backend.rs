@@ -8,6 +8,36 @@
 //!   `d_bias`, `d_table`) are **accumulated** (`+=`), so microbatches add up;
 //! * an op given a dtype it does not implement fails with an error naming the op, the dtype
 //!   and the backend (never a silent cast).
+//!
+//! # Dtype rules (mixed precision, SPEC §6.7)
+//!
+//! Every floating-point tensor argument of every op may be fp32, bf16 or fp16, **each argument
+//! independently** (e.g. a bf16 activation with an fp32 weight, or an fp32 gradient
+//! accumulated from bf16 operands). Integer arguments (`ids`, `targets`, `key_start`) stay int32.
+//! * **Inputs are widened** to f32 at the op boundary (exact for bf16/fp16).
+//! * **Arithmetic and every accumulation is f32** (GEMM dot products, row sums, norms' mean and
+//!   variance, softmax max/sum, attention scores/probabilities/`lse`, cross-entropy sums,
+//!   gradient partial sums); `sum_squares` accumulates in f64.
+//! * **Outputs are rounded once**, round-to-nearest-even, to the dtype of the output tensor the
+//!   caller passed (normally the input dtype: bf16 in → bf16 out). Accumulated outputs
+//!   (`d_weight`, `d_bias`, `d_table`, gemm with `beta != 0`, `embedding_forward` with
+//!   `accumulate`) read the old value widened, add in f32 and round once: pass fp32 buffers to
+//!   accumulate gradients in fp32 (`--accumulate-allreduce-grads-in-fp32` semantics).
+//! * **Statistics are always fp32** and an op rejects other dtypes for them: `mean`/`rstd` of the
+//!   norms, `lse` of attention, `row_max`/`sum_exp`/`target_logit`/`d_loss` of the cross-entropy
+//!   pieces. The loss the trainer assembles from them is therefore f32.
+//! * Scalars (`alpha`, `beta`, `eps`, `lr`, scale factors, ...) are f32.
+//! * In-place ops (`scale`, `fill`, `axpy`'s `a`, `dropout`, `rotary`, `adam_step`/`sgd_step`
+//!   state, `cross_entropy_backward_inplace`'s `logits`) compute in f32 and round back to the
+//!   tensor's own dtype. Optimizers are normally given fp32 main params, grads and state;
+//!   half params work but round every step.
+//! * `gemm`: when `a` and `b` are both bf16 a backend may use native bf16 dot-product
+//!   instructions (CPU: AVX512-BF16 `vdpbf16ps`) as long as products are exact and sums are f32;
+//!   results then differ from the widened-f32 path only in summation order, never by more than
+//!   the f32 accumulation tolerance. The K (reduction) dimension is never split across threads,
+//!   so results do not depend on the thread count.
+//! * `abs_max` reports inf/NaN of the tensor's own values (an fp16 overflow shows as inf).
+//! * `copy` needs equal dtypes; `cast` converts between any float dtypes.
 
 use crate::{DType, DeviceTensor, HostBuffer, Result};
 

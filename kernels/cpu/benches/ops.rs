@@ -2,7 +2,10 @@
 //! micro batch 4 → M = 4096 rows): fp32 GEMM GFLOP/s for the three matmuls of every Linear
 //! (forward, input grad, weight grad), flash attention forward/backward, and the bandwidth-
 //! bound ops. Plain `std::time`; run with `cargo bench -p megatron-cpu --bench ops`
-//! (`-- quick` for a shorter run; `-- gemm`, `-- attention` or `-- other` for one section).
+//! (`-- quick` for a shorter run; `-- gemm`, `-- bf16`, `-- attention` or `-- other` for one
+//! section). `-- bf16` compares the fp32 GEMM with the bf16 one (AVX512-BF16 kernel and its
+//! widened-f32 fallback) per shape and reports the fraction of the bf16 FMA peak measured in
+//! the same run.
 
 use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer};
 use megatron_cpu::CpuBackend;
@@ -56,7 +59,7 @@ fn bench_linear(be: &CpuBackend, name: &str, m: usize, n: usize, k: usize, reps:
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "quick");
-    let sections = ["gemm", "attention", "other"];
+    let sections = ["gemm", "bf16", "attention", "other"];
     let any_section = args.iter().any(|a| sections.contains(&a.as_str()));
     let run = |name: &str| !any_section || args.iter().any(|a| a == name);
     let reps = if quick { 2 } else { 5 };
@@ -75,6 +78,9 @@ fn main() {
         bench_linear(&be, "fc1", m, 4 * c, c, reps);
         bench_linear(&be, "fc2", m, c, 4 * c, reps);
         bench_linear(&be, "lm-head", m, vocab, c, if quick { 1 } else { 3 });
+    }
+    if run("bf16") {
+        bench_bf16(&be, m, c, vocab, quick);
     }
     if run("attention") {
         bench_attention(&be, b, t, heads, c / heads, reps);
@@ -174,5 +180,80 @@ fn bench_other(be: &CpuBackend, m: usize, c: usize, vocab: usize, reps: usize) {
     match megatron_cpu::measure_gemm_gflops(be, 1024, 768, 768, 5) {
         Ok(g) => println!("measure_gemm_gflops(1024, 768, 768): {g:.1} GFLOP/s"),
         Err(e) => println!("measure_gemm_gflops failed: {e}"),
+    }
+}
+
+fn filled_dt(be: &CpuBackend, shape: &[usize], seed: u32, dt: DType) -> DeviceTensor {
+    let t = filled(be, shape, seed);
+    if dt == DType::F32 {
+        return t;
+    }
+    let mut h = be.zeros(shape, dt).unwrap();
+    be.cast(&t, &mut h).unwrap();
+    h
+}
+
+/// GEMM GFLOP/s of one spec with operands of `dt` (C in `c_dt`).
+#[allow(clippy::too_many_arguments)]
+fn gemm_rate(be: &CpuBackend, dt: DType, c_dt: DType, spec: GemmSpec, reps: usize) -> f64 {
+    let GemmSpec { m, n, k, trans_a, trans_b, .. } = spec;
+    let a = filled_dt(be, &if trans_a { [k, m] } else { [m, k] }, 1, dt);
+    let b = filled_dt(be, &if trans_b { [n, k] } else { [k, n] }, 2, dt);
+    let mut c = be.zeros(&[m, n], c_dt).unwrap();
+    let t = time(reps, || be.gemm(&a, &b, &mut c, spec, None).unwrap());
+    2.0 * (m * n * k) as f64 / t / 1e9
+}
+
+/// fp32 vs bf16 GEMM per GPT-2 124M shape and variant: forward `y = x·W^T` (NT, bf16 out),
+/// input grad `dx = dy·W` (NN, bf16 out), weight grad `dW += dy^T·x` (TN, fp32 accumulation).
+fn bench_bf16(be: &CpuBackend, m: usize, c: usize, vocab: usize, quick: bool) {
+    let (peak_dot, peak_fma) = megatron_cpu::bf16_dot_peak_gflops(be);
+    let dot = CpuBackend::new().force_bf16_dot(true);
+    let fma = CpuBackend::new().force_bf16_fallback(true);
+    println!(
+        "bf16 gemm on {} threads: default kernel {}; register-only peaks: vdpbf16ps {peak_dot:.1}, f32 vfmadd \
+         {peak_fma:.1} GFLOP/s (0 = no AVX512-BF16)",
+        be.threads(),
+        be.bf16_gemm_kernel(),
+    );
+    println!("  f32 = fp32 operands (gemm crate); dot = bf16 operands, vdpbf16ps kernel; fma = bf16 operands");
+    println!("  widened to f32 in the packing, AVX-512 FMA kernel; %pk = GFLOP/s / that kernel's instruction peak");
+    println!(
+        "{:<9} {:<4} {:>6} {:>6} {:>6} | {:>7} {:>7} {:>7} | {:>8} {:>6} {:>6}",
+        "shape", "var", "M", "N", "K", "f32", "dot", "fma", "best/f32", "dot%pk", "fma%pk"
+    );
+    let shapes = [("qkv", 3 * c, c), ("attn-out", c, c), ("fc1", 4 * c, c), ("fc2", c, 4 * c), ("lm-head", vocab, c)];
+    // `-- bf16 fc1` (any shape names) restricts the table to those shapes.
+    let args: Vec<String> = std::env::args().collect();
+    let picked = |name: &str| !shapes.iter().any(|s| args.contains(&s.0.to_string())) || args.iter().any(|a| a == name);
+    for (name, out_f, in_f) in shapes.into_iter().filter(|s| picked(s.0)) {
+        let reps = if quick || out_f == vocab { 2 } else { 5 };
+        let variants = [
+            ("fwd", GemmSpec::linear(m, out_f, in_f), DType::BF16),
+            (
+                "dX",
+                GemmSpec { m, n: in_f, k: out_f, trans_a: false, trans_b: false, alpha: 1.0, beta: 0.0 },
+                DType::BF16,
+            ),
+            (
+                "dW",
+                GemmSpec { m: out_f, n: in_f, k: m, trans_a: true, trans_b: false, alpha: 1.0, beta: 1.0 },
+                DType::F32,
+            ),
+        ];
+        for (var, spec, c_dt) in variants {
+            let f32r = gemm_rate(be, DType::F32, DType::F32, spec, reps);
+            let d = gemm_rate(&dot, DType::BF16, c_dt, spec, reps);
+            let f = gemm_rate(&fma, DType::BF16, c_dt, spec, reps);
+            println!(
+                "{name:<9} {var:<4} {:>6} {:>6} {:>6} | {f32r:>7.1} {d:>7.1} {f:>7.1} | {:>7.2}x {:>5.0}% {:>5.0}%",
+                spec.m,
+                spec.n,
+                spec.k,
+                d.max(f) / f32r,
+                100.0 * d / peak_dot,
+                100.0 * f / peak_fma
+            );
+        }
     }
 }

@@ -2,10 +2,11 @@
 //! row softmax. Parallel over chunks/rows; transcendental functions come from [`crate::simd`]
 //! so the loops vectorise.
 
-use crate::check::{f32s, f32s_mut, rows_cols, same_numel};
+use crate::check::{f32s, f32s_mut, floats, floats_mut, rows_cols, same_numel};
 use crate::elementwise::CHUNK;
 use crate::simd;
 use crate::simd_kernel;
+use crate::widen::chunked;
 use megatron_core::anyhow::bail;
 use megatron_core::{DeviceTensor, Result};
 use rayon::prelude::*;
@@ -15,20 +16,17 @@ const GELU_C: f32 = 0.044_715;
 
 pub(crate) fn gelu_forward(x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
     same_numel("gelu_forward", "x", x, "out", out)?;
-    let xv = f32s("gelu_forward", "x", x)?;
-    let o = f32s_mut("gelu_forward", "out", out)?;
-    o.par_chunks_mut(CHUNK).zip(xv.par_chunks(CHUNK)).for_each(|(o, x)| gelu_kernel(o, x));
+    let xv = floats("gelu_forward", "x", x)?;
+    chunked(floats_mut("gelu_forward", "out", out)?, false, &[xv], CHUNK, |_, o, x| gelu_kernel(o, x[0]));
     Ok(())
 }
 
 pub(crate) fn gelu_backward(x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
     same_numel("gelu_backward", "x", x, "d_out", d_out)?;
     same_numel("gelu_backward", "x", x, "d_x", d_x)?;
-    let (xv, dy) = (f32s("gelu_backward", "x", x)?, f32s("gelu_backward", "d_out", d_out)?);
-    let dx = f32s_mut("gelu_backward", "d_x", d_x)?;
-    dx.par_chunks_mut(CHUNK)
-        .zip(xv.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, dy))| gelu_backward_kernel(dx, x, dy));
+    let (xv, dy) = (floats("gelu_backward", "x", x)?, floats("gelu_backward", "d_out", d_out)?);
+    let dx = floats_mut("gelu_backward", "d_x", d_x)?;
+    chunked(dx, false, &[xv, dy], CHUNK, |_, dx, i| gelu_backward_kernel(dx, i[0], i[1]));
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `impl Backend for CpuBackend`: every trait method validates through its module and runs
 //! inside this backend's rayon pool.
 
+use crate::widen::{input, input_opt, out_opt, Out};
 use crate::{
     activation, attention, elementwise, embedding, gemm, kv_attention, loss, memory, norm, optim, rotary, CpuBackend,
 };
@@ -30,7 +31,7 @@ impl Backend for CpuBackend {
         memory::copy(src, dst)
     }
     fn cast(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
-        memory::cast(src, dst)
+        self.run(|| memory::cast(src, dst))
     }
 
     fn fill(&self, t: &mut DeviceTensor, value: f32) -> Result<()> {
@@ -46,13 +47,18 @@ impl Backend for CpuBackend {
         self.run(|| elementwise::add(a, b, out))
     }
     fn sum_rows(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| elementwise::sum_rows(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, true)?;
+            elementwise::sum_rows(&x, o.t())?;
+            o.finish()
+        })
     }
     fn sum_squares(&self, x: &DeviceTensor) -> Result<f64> {
-        self.run(|| elementwise::sum_squares(x))
+        self.run(|| elementwise::sum_squares(&*input(x)?))
     }
     fn abs_max(&self, x: &DeviceTensor) -> Result<(f32, bool)> {
-        self.run(|| elementwise::abs_max(x))
+        self.run(|| elementwise::abs_max(&*input(x)?))
     }
 
     fn gemm(
@@ -63,7 +69,8 @@ impl Backend for CpuBackend {
         spec: GemmSpec,
         bias: Option<&DeviceTensor>,
     ) -> Result<()> {
-        self.run(|| gemm::gemm_op(a, b, c, spec, bias))
+        let kernel = self.bf16_kernel();
+        self.run(|| gemm::gemm_op(a, b, c, spec, bias, kernel))
     }
 
     fn layernorm_forward(
@@ -76,7 +83,12 @@ impl Backend for CpuBackend {
         mean: &mut DeviceTensor,
         rstd: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| norm::layernorm_forward(x, weight, bias, eps, out, mean, rstd))
+        self.run(|| {
+            let (x, weight, bias) = (input(x)?, input(weight)?, input_opt(bias)?);
+            let mut o = Out::new(out, false)?;
+            norm::layernorm_forward(&x, &weight, bias.as_deref(), eps, o.t(), mean, rstd)?;
+            o.finish()
+        })
     }
     fn layernorm_backward(
         &self,
@@ -89,7 +101,16 @@ impl Backend for CpuBackend {
         d_weight: &mut DeviceTensor,
         d_bias: Option<&mut DeviceTensor>,
     ) -> Result<()> {
-        self.run(|| norm::layernorm_backward(d_out, x, weight, mean, rstd, d_x, d_weight, d_bias))
+        self.run(|| {
+            let (d_out, x, weight) = (input(d_out)?, input(x)?, input(weight)?);
+            let mut dx = Out::new(d_x, false)?;
+            let mut dw = Out::new(d_weight, true)?;
+            let mut db = out_opt(d_bias, true)?;
+            norm::layernorm_backward(&d_out, &x, &weight, mean, rstd, dx.t(), dw.t(), db.as_mut().map(|d| d.t()))?;
+            dx.finish()?;
+            dw.finish()?;
+            db.map_or(Ok(()), Out::finish)
+        })
     }
     fn rmsnorm_forward(
         &self,
@@ -99,7 +120,12 @@ impl Backend for CpuBackend {
         out: &mut DeviceTensor,
         rstd: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| norm::rmsnorm_forward(x, weight, eps, out, rstd))
+        self.run(|| {
+            let (x, weight) = (input(x)?, input(weight)?);
+            let mut o = Out::new(out, false)?;
+            norm::rmsnorm_forward(&x, &weight, eps, o.t(), rstd)?;
+            o.finish()
+        })
     }
     fn rmsnorm_backward(
         &self,
@@ -110,7 +136,14 @@ impl Backend for CpuBackend {
         d_x: &mut DeviceTensor,
         d_weight: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| norm::rmsnorm_backward(d_out, x, weight, rstd, d_x, d_weight))
+        self.run(|| {
+            let (d_out, x, weight) = (input(d_out)?, input(x)?, input(weight)?);
+            let mut dx = Out::new(d_x, false)?;
+            let mut dw = Out::new(d_weight, true)?;
+            norm::rmsnorm_backward(&d_out, &x, &weight, rstd, dx.t(), dw.t())?;
+            dx.finish()?;
+            dw.finish()
+        })
     }
 
     fn gelu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
@@ -120,16 +153,36 @@ impl Backend for CpuBackend {
         self.run(|| activation::gelu_backward(x, d_out, d_x))
     }
     fn swiglu_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::swiglu_forward(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, false)?;
+            activation::swiglu_forward(&x, o.t())?;
+            o.finish()
+        })
     }
     fn swiglu_backward(&self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::swiglu_backward(x, d_out, d_x))
+        self.run(|| {
+            let (x, d_out) = (input(x)?, input(d_out)?);
+            let mut o = Out::new(d_x, false)?;
+            activation::swiglu_backward(&x, &d_out, o.t())?;
+            o.finish()
+        })
     }
     fn softmax_forward(&self, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::softmax_forward(x, out))
+        self.run(|| {
+            let x = input(x)?;
+            let mut o = Out::new(out, false)?;
+            activation::softmax_forward(&x, o.t())?;
+            o.finish()
+        })
     }
     fn softmax_backward(&self, y: &DeviceTensor, d_y: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        self.run(|| activation::softmax_backward(y, d_y, d_x))
+        self.run(|| {
+            let (y, d_y) = (input(y)?, input(d_y)?);
+            let mut o = Out::new(d_x, false)?;
+            activation::softmax_backward(&y, &d_y, o.t())?;
+            o.finish()
+        })
     }
     fn dropout(&self, x: &mut DeviceTensor, p: f32, seed: u64) -> Result<()> {
         self.run(|| elementwise::dropout(x, p, seed))
@@ -142,7 +195,12 @@ impl Backend for CpuBackend {
         lse: &mut DeviceTensor,
         spec: AttentionSpec,
     ) -> Result<()> {
-        self.run(|| attention::attention_forward(qkv, out, lse, spec))
+        self.run(|| {
+            let qkv = input(qkv)?;
+            let mut o = Out::new(out, false)?;
+            attention::attention_forward(&qkv, o.t(), lse, spec)?;
+            o.finish()
+        })
     }
     fn attention_backward(
         &self,
@@ -153,7 +211,12 @@ impl Backend for CpuBackend {
         d_qkv: &mut DeviceTensor,
         spec: AttentionSpec,
     ) -> Result<()> {
-        self.run(|| attention::attention_backward(d_out, qkv, out, lse, d_qkv, spec))
+        self.run(|| {
+            let (d_out, qkv, out) = (input(d_out)?, input(qkv)?, input(out)?);
+            let mut o = Out::new(d_qkv, false)?;
+            attention::attention_backward(&d_out, &qkv, &out, lse, o.t(), spec)?;
+            o.finish()
+        })
     }
     fn attention_kv_cache(
         &self,
@@ -164,10 +227,22 @@ impl Backend for CpuBackend {
         out: &mut DeviceTensor,
         spec: KvCacheAttentionSpec,
     ) -> Result<()> {
-        self.run(|| kv_attention::attention_kv_cache(qkv, k_cache, v_cache, key_start, out, spec))
+        self.run(|| {
+            let qkv = input(qkv)?;
+            let (mut kc, mut vc) = (Out::new(k_cache, true)?, Out::new(v_cache, true)?);
+            let mut o = Out::new(out, false)?;
+            kv_attention::attention_kv_cache(&qkv, kc.t(), vc.t(), key_start, o.t(), spec)?;
+            kc.finish()?;
+            vc.finish()?;
+            o.finish()
+        })
     }
     fn rotary(&self, qkv: &mut DeviceTensor, spec: RotarySpec, inverse: bool) -> Result<()> {
-        self.run(|| rotary::rotary(qkv, spec, inverse))
+        self.run(|| {
+            let mut o = Out::new(qkv, true)?;
+            rotary::rotary(o.t(), spec, inverse)?;
+            o.finish()
+        })
     }
 
     fn embedding_forward(
@@ -178,7 +253,12 @@ impl Backend for CpuBackend {
         out: &mut DeviceTensor,
         accumulate: bool,
     ) -> Result<()> {
-        self.run(|| embedding::embedding_forward(ids, table, row_start, out, accumulate))
+        self.run(|| {
+            let table = input(table)?;
+            let mut o = Out::new(out, accumulate)?;
+            embedding::embedding_forward(ids, &table, row_start, o.t(), accumulate)?;
+            o.finish()
+        })
     }
     fn embedding_backward(
         &self,
@@ -187,7 +267,12 @@ impl Backend for CpuBackend {
         row_start: usize,
         d_table: &mut DeviceTensor,
     ) -> Result<()> {
-        self.run(|| embedding::embedding_backward(ids, d_out, row_start, d_table))
+        self.run(|| {
+            let d_out = input(d_out)?;
+            let mut o = Out::new(d_table, true)?;
+            embedding::embedding_backward(ids, &d_out, row_start, o.t())?;
+            o.finish()
+        })
     }
     fn row_max(&self, logits: &DeviceTensor, row_max: &mut DeviceTensor) -> Result<()> {
         self.run(|| loss::row_max(logits, row_max))
@@ -223,7 +308,15 @@ impl Backend for CpuBackend {
         exp_avg_sq: &mut DeviceTensor,
         step: AdamStep,
     ) -> Result<()> {
-        self.run(|| optim::adam_step(param, grad, exp_avg, exp_avg_sq, step))
+        self.run(|| {
+            let grad = input(grad)?;
+            let mut p = Out::new(param, true)?;
+            let (mut m, mut v) = (Out::new(exp_avg, true)?, Out::new(exp_avg_sq, true)?);
+            optim::adam_step(p.t(), &grad, m.t(), v.t(), step)?;
+            p.finish()?;
+            m.finish()?;
+            v.finish()
+        })
     }
     fn sgd_step(
         &self,
@@ -235,6 +328,12 @@ impl Backend for CpuBackend {
         weight_decay: f32,
         first_step: bool,
     ) -> Result<()> {
-        self.run(|| optim::sgd_step(param, grad, momentum_buf, lr, momentum, weight_decay, first_step))
+        self.run(|| {
+            let grad = input(grad)?;
+            let (mut p, mut b) = (Out::new(param, true)?, Out::new(momentum_buf, true)?);
+            optim::sgd_step(p.t(), &grad, b.t(), lr, momentum, weight_decay, first_step)?;
+            p.finish()?;
+            b.finish()
+        })
     }
 }

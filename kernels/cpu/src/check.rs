@@ -85,3 +85,33 @@ pub(crate) fn in_range(op: &str, arg: &str, v: f32, lo: f32, hi: f32) -> Result<
     }
     Ok(())
 }
+
+/// The elements of a float tensor of any dtype (fp32, bf16, fp16).
+pub(crate) fn floats<'a>(op: &str, arg: &str, t: &'a DeviceTensor) -> Result<crate::gemm_half::Src<'a>> {
+    use crate::gemm_half::Src;
+    match t.storage() {
+        Storage::Host(HostBuffer::F32(v)) => Ok(Src::F32(v)),
+        Storage::Host(HostBuffer::BF16(v)) => Ok(Src::BF16(v)),
+        Storage::Host(HostBuffer::F16(v)) => Ok(Src::F16(v)),
+        _ => Err(wrong(op, arg, t, DType::F32)),
+    }
+}
+
+/// Mutable elements of a float tensor of any dtype.
+pub(crate) fn floats_mut<'a>(op: &str, arg: &str, t: &'a mut DeviceTensor) -> Result<crate::gemm_half::Dst<'a>> {
+    use crate::gemm_half::Dst;
+    if !t.dtype().is_float() || !matches!(t.storage(), Storage::Host(_)) {
+        return Err(wrong(op, arg, t, DType::F32));
+    }
+    Ok(match t.storage_mut() {
+        Storage::Host(HostBuffer::F32(v)) => Dst::F32(v),
+        Storage::Host(HostBuffer::BF16(v)) => Dst::BF16(v),
+        Storage::Host(HostBuffer::F16(v)) => Dst::F16(v),
+        _ => unreachable!("checked just above"),
+    })
+}
+
+/// Whether `t` is a bf16 or fp16 tensor (widened at the op boundary).
+pub(crate) fn is_half(t: &DeviceTensor) -> bool {
+    matches!(t.dtype(), DType::BF16 | DType::F16)
+}

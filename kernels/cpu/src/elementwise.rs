@@ -8,9 +8,10 @@
 //! `sum`/`reduce` combine along a split tree that depends on the thread count and on work
 //! stealing, so the rounding (and a training run) changed with the load of the machine.
 
-use crate::check::{f32s, f32s_mut, in_range, numel, rows_cols, same_numel};
+use crate::check::{f32s, f32s_mut, floats, floats_mut, in_range, numel, rows_cols, same_numel};
 use crate::rng::DropoutMask;
 use crate::simd_kernel;
+use crate::widen::chunked;
 use megatron_core::{DeviceTensor, Result};
 use rayon::prelude::*;
 
@@ -44,33 +45,27 @@ pub(crate) fn add_into(acc: &mut [f32], b: &[f32]) {
 }
 
 pub(crate) fn fill(t: &mut DeviceTensor, value: f32) -> Result<()> {
-    let x = f32s_mut("fill", "t", t)?;
-    x.par_chunks_mut(CHUNK).for_each(|c| c.fill(value));
+    chunked(floats_mut("fill", "t", t)?, false, &[], CHUNK, |_, c, _| c.fill(value));
     Ok(())
 }
 
 pub(crate) fn scale(t: &mut DeviceTensor, s: f32) -> Result<()> {
-    let x = f32s_mut("scale", "t", t)?;
-    x.par_chunks_mut(CHUNK).for_each(|c| scale_kernel(c, s));
+    chunked(floats_mut("scale", "t", t)?, true, &[], CHUNK, |_, c, _| scale_kernel(c, s));
     Ok(())
 }
 
 pub(crate) fn axpy(a: &mut DeviceTensor, alpha: f32, b: &DeviceTensor) -> Result<()> {
     same_numel("axpy", "a", a, "b", b)?;
-    let bv = f32s("axpy", "b", b)?;
-    let av = f32s_mut("axpy", "a", a)?;
-    av.par_chunks_mut(CHUNK).zip(bv.par_chunks(CHUNK)).for_each(|(x, y)| axpy_kernel(x, alpha, y));
+    let bv = floats("axpy", "b", b)?;
+    chunked(floats_mut("axpy", "a", a)?, true, &[bv], CHUNK, |_, x, y| axpy_kernel(x, alpha, y[0]));
     Ok(())
 }
 
 pub(crate) fn add(a: &DeviceTensor, b: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
     same_numel("add", "a", a, "b", b)?;
     same_numel("add", "a", a, "out", out)?;
-    let (av, bv) = (f32s("add", "a", a)?, f32s("add", "b", b)?);
-    let o = f32s_mut("add", "out", out)?;
-    o.par_chunks_mut(CHUNK)
-        .zip(av.par_chunks(CHUNK).zip(bv.par_chunks(CHUNK)))
-        .for_each(|(o, (x, y))| add_kernel(o, x, y));
+    let (av, bv) = (floats("add", "a", a)?, floats("add", "b", b)?);
+    chunked(floats_mut("add", "out", out)?, false, &[av, bv], CHUNK, |_, o, x| add_kernel(o, x[0], x[1]));
     Ok(())
 }
 
@@ -112,14 +107,12 @@ pub(crate) fn abs_max(x: &DeviceTensor) -> Result<(f32, bool)> {
 
 pub(crate) fn dropout(x: &mut DeviceTensor, p: f32, seed: u64) -> Result<()> {
     in_range("dropout", "p", p, 0.0, 1.0)?;
-    let xv = f32s_mut("dropout", "x", x)?;
+    let xv = floats_mut("dropout", "x", x)?;
     if p == 0.0 {
         return Ok(());
     }
     let mask = DropoutMask::new(seed, p);
-    xv.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, c)| {
-        dropout_kernel(c, &mask, (ci * CHUNK) as u64);
-    });
+    chunked(xv, true, &[], CHUNK, |ci, c, _| dropout_kernel(c, &mask, (ci * CHUNK) as u64));
     Ok(())
 }
 

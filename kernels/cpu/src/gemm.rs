@@ -2,7 +2,8 @@
 //! operands are described by strides, never copied; the bias is written into `C` first and the
 //! product accumulated on top, so the whole op is one pass of the gemm kernel.
 
-use crate::check::{f32s, f32s_mut, numel};
+use crate::check::{f32s, f32s_mut, floats, floats_mut, is_half, numel};
+use crate::gemm_half::{gemm_half, Kernel};
 use crate::CpuBackend;
 use gemm::Parallelism;
 use megatron_core::anyhow::bail;
@@ -80,6 +81,7 @@ pub(crate) fn gemm_op(
     c: &mut DeviceTensor,
     spec: GemmSpec,
     bias: Option<&DeviceTensor>,
+    bf16_kernel: Kernel,
 ) -> Result<()> {
     let GemmSpec { m, n, k, trans_a, trans_b, alpha, beta } = spec;
     let a_shape = if trans_a { format!("[k={k}, m={m}] (trans_a)") } else { format!("[m={m}, k={k}]") };
@@ -87,6 +89,24 @@ pub(crate) fn gemm_op(
     numel("gemm", "a", a, m * k, &a_shape)?;
     numel("gemm", "b", b, k * n, &b_shape)?;
     numel("gemm", "c", c, m * n, &format!("[m={m}, n={n}]"))?;
+    if is_half(a) || is_half(b) || is_half(c) || bias.is_some_and(is_half) {
+        // bf16/fp16/mixed: the packed kernels of `gemm_half` (f32 accumulation, one rounding).
+        let (av, bv) = (floats("gemm", "a", a)?, floats("gemm", "b", b)?);
+        let biasv = match bias {
+            Some(t) => {
+                numel("gemm", "bias", t, n, &format!("a bias of length n={n}"))?;
+                floats("gemm", "bias", t)?;
+                Some(t.host_buffer()?.to_f32_vec())
+            }
+            None => None,
+        };
+        if !alpha.is_finite() || !beta.is_finite() {
+            bail!("cpu backend: `gemm` needs finite alpha and beta, got alpha={alpha} beta={beta}");
+        }
+        let cv = floats_mut("gemm", "c", c)?;
+        gemm_half(bf16_kernel, m, n, k, av, trans_a, bv, trans_b, alpha, beta, biasv.as_deref(), cv);
+        return Ok(());
+    }
     let av = f32s("gemm", "a", a)?;
     let bv = f32s("gemm", "b", b)?;
     let biasv = match bias {

@@ -1,10 +1,16 @@
 //! The vocab-parallel cross-entropy pieces (SPEC §5.4): `row_max`, `cross_entropy_stats` and
 //! the in-place `cross_entropy_backward_inplace`. Rows of the `[N, V]` logits (V = 50304 for
 //! GPT-2) run in parallel; each row is one vectorised pass of [`crate::expvec`] exponentials.
+//!
+//! bf16/fp16 logits are widened one row at a time into a per-thread f32 buffer (and the
+//! in-place backward rounds each row back), so half logits never get a full-size f32 copy: at
+//! GPT-2 shapes that copy would be the largest buffer of the step (`[4096, 50304]`, 824 MB).
 
-use crate::check::{f32s, f32s_mut, i32s, numel, rows_cols};
+use crate::check::{f32s, f32s_mut, floats, floats_mut, i32s, numel, rows_cols};
+use crate::gemm_half::{Dst, Src};
 use crate::simd;
 use crate::simd_kernel;
+use crate::widen::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
 use megatron_core::{DeviceTensor, Result};
 use rayon::prelude::*;
 
@@ -15,12 +21,30 @@ pub(crate) fn owned_column(target: i32, vocab_start: usize, v: usize) -> Option<
     (t >= vocab_start && t < vocab_start + v).then(|| t - vocab_start)
 }
 
+/// Row `i` (`v` wide) of `src` as f32: borrowed when fp32, else widened into `buf`.
+fn row_f32<'b>(src: &'b Src, i: usize, v: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    let r = i * v..(i + 1) * v;
+    match src {
+        Src::F32(x) => &x[r],
+        Src::BF16(x) => {
+            buf.resize(v, 0.0);
+            widen_bf16(&x[r], buf);
+            buf
+        }
+        Src::F16(x) => {
+            buf.resize(v, 0.0);
+            widen_f16(&x[r], buf);
+            buf
+        }
+    }
+}
+
 pub(crate) fn row_max(logits: &DeviceTensor, row_max: &mut DeviceTensor) -> Result<()> {
     let (n, v) = rows_cols("row_max", "logits", logits)?;
     numel("row_max", "row_max", row_max, n, "one value per row of `logits`")?;
-    let l = f32s("row_max", "logits", logits)?;
+    let l = floats("row_max", "logits", logits)?;
     let out = f32s_mut("row_max", "row_max", row_max)?;
-    out.par_iter_mut().zip(l.par_chunks(v)).for_each(|(m, row)| *m = max_kernel(row));
+    out.par_iter_mut().enumerate().for_each_init(Vec::new, |buf, (i, m)| *m = max_kernel(row_f32(&l, i, v, buf)));
     Ok(())
 }
 
@@ -38,11 +62,13 @@ pub(crate) fn cross_entropy_stats(
     numel(OP, "row_max", row_max, n, "one value per row of `logits`")?;
     numel(OP, "sum_exp", sum_exp, n, "one value per row of `logits`")?;
     numel(OP, "target_logit", target_logit, n, "one value per row of `logits`")?;
-    let (l, t, m) = (f32s(OP, "logits", logits)?, i32s(OP, "targets", targets)?, f32s(OP, "row_max", row_max)?);
+    let (l, t, m) = (floats(OP, "logits", logits)?, i32s(OP, "targets", targets)?, f32s(OP, "row_max", row_max)?);
     let se = f32s_mut(OP, "sum_exp", sum_exp)?;
     let tl = f32s_mut(OP, "target_logit", target_logit)?;
-    se.par_iter_mut().zip(tl.par_iter_mut()).zip(l.par_chunks(v).zip(t.par_iter().zip(m.par_iter()))).for_each(
-        |((se, tl), (row, (&target, &mx)))| {
+    se.par_iter_mut().zip(tl.par_iter_mut()).zip(t.par_iter().zip(m.par_iter())).enumerate().for_each_init(
+        Vec::new,
+        |buf, (i, ((se, tl), (&target, &mx)))| {
+            let row = row_f32(&l, i, v, buf);
             *se = sum_exp_kernel(row, mx);
             *tl = owned_column(target, vocab_start, v).map_or(0.0, |j| row[j] - mx);
         },
@@ -70,16 +96,29 @@ pub(crate) fn cross_entropy_backward_inplace(
         f32s(OP, "sum_exp", sum_exp)?,
         f32s(OP, "d_loss", d_loss)?,
     );
-    let l = f32s_mut(OP, "logits", logits)?;
-    l.par_chunks_mut(v).zip(t.par_iter().zip(m.par_iter().zip(se.par_iter().zip(dl.par_iter())))).for_each(
-        |(row, (&target, (&mx, (&s, &g))))| {
-            let scale = g / s;
-            softmax_scaled_kernel(row, mx, scale);
-            if let Some(j) = owned_column(target, vocab_start, v) {
-                row[j] -= g;
-            }
-        },
-    );
+    let per_row = t.par_iter().zip(m.par_iter().zip(se.par_iter().zip(dl.par_iter())));
+    // d = (softmax - onehot) * d_loss on one f32 row.
+    let grad_row = |row: &mut [f32], (&target, (&mx, (&s, &g))): (&i32, (&f32, (&f32, &f32)))| {
+        softmax_scaled_kernel(row, mx, g / s);
+        if let Some(j) = owned_column(target, vocab_start, v) {
+            row[j] -= g;
+        }
+    };
+    match floats_mut(OP, "logits", logits)? {
+        Dst::F32(l) => l.par_chunks_mut(v).zip(per_row).for_each(|(row, r)| grad_row(row, r)),
+        Dst::BF16(l) => l.par_chunks_mut(v).zip(per_row).for_each_init(Vec::new, |buf, (row, r)| {
+            buf.resize(v, 0.0);
+            widen_bf16(row, buf);
+            grad_row(buf, r);
+            narrow_bf16(buf, row);
+        }),
+        Dst::F16(l) => l.par_chunks_mut(v).zip(per_row).for_each_init(Vec::new, |buf, (row, r)| {
+            buf.resize(v, 0.0);
+            widen_f16(row, buf);
+            grad_row(buf, r);
+            narrow_f16(buf, row);
+        }),
+    }
     Ok(())
 }
 

@@ -1,9 +1,14 @@
 //! Allocation, host transfer, copy and dtype casts. These are the only ops that handle every
 //! [`DType`]; floats convert with `half`'s round-to-nearest-even.
 
+use crate::widen::{narrow_bf16, narrow_f16, widen_bf16, widen_f16};
 use megatron_core::anyhow::bail;
 use megatron_core::half::{bf16, f16};
 use megatron_core::{DType, DeviceTensor, HostBuffer, Result, Storage};
+use rayon::prelude::*;
+
+/// Elements per parallel cast task.
+const CHUNK: usize = 1 << 15;
 
 fn host<'a>(op: &str, arg: &str, t: &'a DeviceTensor) -> Result<&'a HostBuffer> {
     match t.storage() {
@@ -78,6 +83,27 @@ pub(crate) fn cast(src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
              or an identical dtype",
             s.dtype()
         );
+    }
+    // The float <-> float casts of mixed precision (main params <-> model params, every step)
+    // run in parallel chunks, writing into the existing destination buffer.
+    match (s, dst.host_buffer_mut()?) {
+        (HostBuffer::F32(v), HostBuffer::BF16(d)) => {
+            d.par_chunks_mut(CHUNK).zip(v.par_chunks(CHUNK)).for_each(|(d, s)| narrow_bf16(s, d));
+            return Ok(());
+        }
+        (HostBuffer::F32(v), HostBuffer::F16(d)) => {
+            d.par_chunks_mut(CHUNK).zip(v.par_chunks(CHUNK)).for_each(|(d, s)| narrow_f16(s, d));
+            return Ok(());
+        }
+        (HostBuffer::BF16(v), HostBuffer::F32(d)) => {
+            d.par_chunks_mut(CHUNK).zip(v.par_chunks(CHUNK)).for_each(|(d, s)| widen_bf16(s, d));
+            return Ok(());
+        }
+        (HostBuffer::F16(v), HostBuffer::F32(d)) => {
+            d.par_chunks_mut(CHUNK).zip(v.par_chunks(CHUNK)).for_each(|(d, s)| widen_f16(s, d));
+            return Ok(());
+        }
+        _ => {}
     }
     let out = match (s, to) {
         // Direct paths keep bf16/f16 -> f32 exact and f32 -> bf16/f16 a single rounding.

@@ -112,9 +112,11 @@ fn attention_rejects_bad_shapes_and_dtypes() {
     let bad_p = AttentionSpec { dropout_p: 1.0, ..s };
     let qkv = zeros(&be, &[1, 4, 2, 3, 4]);
     assert!(be.attention_forward(&qkv, &mut out, &mut lse, bad_p).is_err());
+    // bf16 qkv/out work (tests/half_dtypes.rs) but the lse statistic must be fp32.
     let half = be.zeros(&[1, 4, 2, 3, 4], megatron_core::DType::BF16).unwrap();
-    let e = be.attention_forward(&half, &mut out, &mut lse, s).unwrap_err().to_string();
-    assert!(e.contains("bf16") && e.contains("cpu"), "{e}");
+    let mut half_lse = be.zeros(&[1, 2, 4], megatron_core::DType::BF16).unwrap();
+    let e = be.attention_forward(&half, &mut out, &mut half_lse, s).unwrap_err().to_string();
+    assert!(e.contains("bf16") && e.contains("lse") && e.contains("cpu"), "{e}");
 }
 
 /// Rotary vs reference (1e-6 abs: the same f32 angles, f32 vs f64 rotation), both pair
