@@ -9,8 +9,8 @@ mod one_f_one_b;
 mod single_comm;
 mod strategy;
 
-pub use buckets::{default_bucket_size, layout_buckets, Bucket};
-pub use ddp::{DdpOptions, DdpReducer};
+pub use buckets::{default_bucket_size, layout_buckets, layout_buckets_separate, Bucket};
+pub use ddp::{DdpOptions, DdpReducer, ShardBucket};
 pub use no_pipelining::NoPipelining;
 pub use one_f_one_b::{one_f_one_b_order, OneFOneB, PipelineAction};
 pub use single_comm::single_communicators;
