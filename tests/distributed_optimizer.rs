@@ -87,6 +87,9 @@ fn overlap_param_gather_and_non_adam_are_refused() {
     assert!(format!("{err:#}").contains("wraps Adam"), "{err:#}");
 }
 
+/// One rank's state size, parameters after 3 sharded steps and after a 4th in plain Adam.
+type RankResult = (usize, Vec<Vec<f32>>, Vec<Vec<f32>>);
+
 /// The optimizer on its own: with dp ranks (threads) each holding 1/dp of the state, three
 /// steps give the same parameters as plain Adam on one rank (1e-6 relative; the fused Adam
 /// kernel is elementwise), the per-rank state sums to 3·N fp32 values (main params + two
@@ -145,7 +148,7 @@ fn sharded_adam_equals_plain_adam_and_holds_one_shard_of_state() {
             padded_numel: padded,
         };
         let comms = megatron_comm_local::LocalCommunicator::world(dp, std::time::Duration::from_secs(30));
-        let results: Vec<(usize, Vec<Vec<f32>>, Vec<Vec<f32>>)> = std::thread::scope(|s| {
+        let results: Vec<RankResult> = std::thread::scope(|s| {
             let hs: Vec<_> = comms
                 .iter()
                 .map(|comm| {
