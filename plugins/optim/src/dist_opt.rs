@@ -12,8 +12,9 @@
 //! so a state saved here loads into plain Adam at any DP size and back (it is a collective:
 //! every rank of the DP×CP group must call it, as checkpoint saving does).
 //!
-//! Only the shard's state exists: with `dp` ranks the optimizer holds `3·N/dp` fp32 values
-//! (main params + two moments) instead of Adam's `2·N`.
+//! Only the shard's state exists: with `dp` ranks the optimizer holds `2·N/dp` fp32 moments
+//! instead of Adam's `2·N` (fp32 parameters are their own main parameters; bf16/fp16 ones
+//! will add an fp32 main copy of the shard when mixed precision lands).
 
 use crate::adam::AdamConfig;
 use crate::state_tensors::{self, clone_tensor};
@@ -42,8 +43,9 @@ struct Segment {
     len: usize,
     /// Offset inside this rank's range of the bucket.
     shard_offset: usize,
-    /// fp32 main params and moments of the segment, created on the first step.
-    state: Option<[DeviceTensor; 3]>,
+    /// Adam's moments of the segment, created on the first step. fp32 parameters are their
+    /// own main parameters (as Megatron: no separate fp32 copy), so nothing else is kept.
+    state: Option<[DeviceTensor; 2]>,
 }
 
 /// ZeRO-1 Adam (see the module doc).
@@ -106,9 +108,9 @@ impl DistributedOptimizer {
         Ok(DistributedOptimizer { config, steps: 0, comm, group, buckets, segments, shapes })
     }
 
-    /// fp32 values this rank's optimizer holds (main params + moments of its shard).
+    /// fp32 values this rank's optimizer holds (the moments of its shard).
     pub fn state_numel(&self) -> usize {
-        self.segments.iter().flatten().map(|s| 3 * s.len).sum()
+        self.segments.iter().flatten().map(|s| 2 * s.len).sum()
     }
 
     fn per(&self, b: usize) -> usize {
@@ -151,15 +153,16 @@ impl Optimizer for DistributedOptimizer {
             for seg in &mut self.segments[b] {
                 let p = &*params[find(&seg.name)?];
                 let range = seg.start..seg.start + seg.len;
-                let grad = host(backend, &p.grad, "gradients")?;
-                let g = backend.from_host(HostBuffer::F32(grad[range.clone()].to_vec()), &[seg.len])?;
+                let g = host(backend, &p.grad, "gradients")?;
+                let g = backend.from_host(HostBuffer::F32(g[range.clone()].to_vec()), &[seg.len])?;
+                let value = host(backend, &p.value, "parameters")?;
+                let mut main = backend.from_host(HostBuffer::F32(value[range].to_vec()), &[seg.len])?;
+                drop(value);
                 if seg.state.is_none() {
-                    let value = host(backend, &p.value, "parameters")?;
-                    let main = backend.from_host(HostBuffer::F32(value[range].to_vec()), &[seg.len])?;
                     let zeros = || backend.zeros(&[seg.len], DType::F32);
-                    seg.state = Some([main, zeros()?, zeros()?]);
+                    seg.state = Some([zeros()?, zeros()?]);
                 }
-                let [main, m, v] = seg.state.as_mut().ok_or_else(|| anyhow!("segment state missing"))?;
+                let [m, v] = seg.state.as_mut().ok_or_else(|| anyhow!("segment state missing"))?;
                 let spec = AdamStep {
                     lr: lr as f32,
                     beta1: self.config.beta1 as f32,
@@ -168,12 +171,8 @@ impl Optimizer for DistributedOptimizer {
                     weight_decay: state_tensors::decay_for(p, weight_decay) as f32,
                     step: self.steps,
                 };
-                backend.adam_step(main, &g, m, v, spec)?;
-                local[seg.shard_offset..seg.shard_offset + seg.len].copy_from_slice(&host(
-                    backend,
-                    main,
-                    "main params",
-                )?);
+                backend.adam_step(&mut main, &g, m, v, spec)?;
+                local[seg.shard_offset..seg.shard_offset + seg.len].copy_from_slice(&host(backend, &main, "params")?);
             }
             // Every rank's updated range back into the full parameters.
             let full = self.gather(b, local, backend)?;
@@ -200,11 +199,8 @@ impl Optimizer for DistributedOptimizer {
                     let mut local = vec![0f32; self.per(b)];
                     for seg in &self.segments[b] {
                         let st = seg.state.as_ref().ok_or_else(|| anyhow!("`{}` has no optimizer state", seg.name))?;
-                        local[seg.shard_offset..seg.shard_offset + seg.len].copy_from_slice(&host(
-                            backend,
-                            &st[k + 1],
-                            kind,
-                        )?);
+                        local[seg.shard_offset..seg.shard_offset + seg.len]
+                            .copy_from_slice(&host(backend, &st[k], kind)?);
                     }
                     let full = self.gather(b, local, backend)?;
                     for (name, off, numel) in &self.buckets[b].params {
@@ -220,22 +216,20 @@ impl Optimizer for DistributedOptimizer {
     }
 
     /// Takes per-parameter moments (from this optimizer or plain Adam, any DP size) and keeps
-    /// this rank's ranges; main params are re-read from the parameters at the next step.
+    /// this rank's ranges.
     fn load_state(&mut self, state: OptimizerState, params: &[&Param], backend: &dyn Backend) -> Result<()> {
         let (steps, states) = state_tensors::load(state, &KINDS, "adam", params, backend)?;
         self.steps = steps;
-        let by_name: HashMap<&str, &Param> = params.iter().map(|p| (p.name.as_str(), *p)).collect();
         for seg in self.segments.iter_mut().flatten() {
             seg.state = match states.get(&seg.name) {
                 None => None,
                 Some(ts) => {
-                    let p = by_name.get(seg.name.as_str()).ok_or_else(|| anyhow!("no parameter `{}`", seg.name))?;
                     let range = seg.start..seg.start + seg.len;
                     let slice = |t: &DeviceTensor, what| -> Result<DeviceTensor> {
                         let v = host(backend, t, what)?;
                         backend.from_host(HostBuffer::F32(v[range.clone()].to_vec()), &[seg.len])
                     };
-                    Some([slice(&p.value, "parameters")?, slice(&ts[0], "exp_avg")?, slice(&ts[1], "exp_avg_sq")?])
+                    Some([slice(&ts[0], "exp_avg")?, slice(&ts[1], "exp_avg_sq")?])
                 }
             };
         }
