@@ -152,6 +152,14 @@ pub struct PretrainArgs {
     /// Gradient bucket size in elements (default with overlap: max(4e7, 1e6 x dp)).
     #[arg(long)]
     pub ddp_bucket_size: Option<usize>,
+    /// ZeRO-1 (SPEC §5.7): gradients reduce-scattered over data parallel, Adam state and fp32
+    /// main params kept only for this rank's shard, updated params all-gathered. Example:
+    /// `--nproc 4 --use-distributed-optimizer --overlap-grad-reduce`.
+    #[arg(long)]
+    pub use_distributed_optimizer: bool,
+    /// Overlap the parameter all-gather with the next forward (not implemented yet: refused).
+    #[arg(long)]
+    pub overlap_param_gather: bool,
     /// How long a rank waits for its peers in a collective before failing.
     #[arg(long, default_value_t = 10)]
     pub distributed_timeout_minutes: u64,

@@ -38,6 +38,16 @@ impl TrainConfig {
         need(a.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0".into());
         need(a.ddp_bucket_size != Some(0), "--ddp-bucket-size must be > 0".into());
         need(
+            !a.overlap_param_gather,
+            "--overlap-param-gather is not implemented: the distributed optimizer all-gathers the updated \
+             parameters right after the step; drop the flag"
+                .into(),
+        );
+        need(
+            !a.use_distributed_optimizer || a.optimizer == "adam",
+            format!("--use-distributed-optimizer wraps Adam; --optimizer {} is not supported with it", a.optimizer),
+        );
+        need(
             world_size.is_multiple_of(tp * pp),
             format!(
                 "--nproc {world_size} is not divisible by --tensor-model-parallel-size {tp} x \

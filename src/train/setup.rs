@@ -136,7 +136,12 @@ pub fn build_trainer_with_comm(
     let lr_schedule = registry.lr_schedule("megatron", serde_json::to_value(lr_config)?)?;
     // Pipelined runs need a schedule that moves activations between stages (SPEC §5.5).
     let schedule = registry.schedule(if ctx.pp_size() > 1 { "1f1b" } else { "no-pipelining" }, json!({}))?;
-    let grad_sync = strategy.grad_sync(&model.params(), backend.clone(), &ctx)?;
+    let (grad_sync, optimizer) = if a.use_distributed_optimizer {
+        let (sync, opt) = distributed_optimizer(&cfg, &model.params(), backend.clone(), &ctx)?;
+        (Some(sync), opt)
+    } else {
+        (strategy.grad_sync(&model.params(), backend.clone(), &ctx)?, optimizer)
+    };
 
     let mut sinks: Vec<Box<dyn MetricsSink>> = Vec::new();
     if let Some(dir) = &a.tensorboard_dir {
@@ -165,6 +170,49 @@ pub fn build_trainer_with_comm(
     };
     trainer.maybe_load()?;
     Ok(trainer)
+}
+
+/// `--use-distributed-optimizer` (SPEC §5.7): a DDP reducer that reduce-scatters its buckets
+/// and the ZeRO-1 Adam that owns the same ranges. With pp > 1 and tied embeddings the word
+/// embedding gets a bucket of its own, so both stages shard it the same way.
+#[cfg(feature = "parallel")]
+fn distributed_optimizer(
+    cfg: &crate::config::TrainConfig,
+    params: &[&megatron_core::Param],
+    backend: std::sync::Arc<dyn megatron_core::Backend>,
+    ctx: &megatron_core::ParallelContext,
+) -> Result<(Box<dyn megatron_core::GradSync>, Box<dyn megatron_core::Optimizer>)> {
+    let a = &cfg.args;
+    let options = megatron_parallel::DdpOptions {
+        bucket_size: a.ddp_bucket_size,
+        overlap_grad_reduce: a.overlap_grad_reduce,
+        shard_for_distributed_optimizer: true,
+    };
+    let separate: Vec<String> = if ctx.pp_size() > 1 && !a.untie_embeddings_and_output_weights {
+        vec!["embedding.word_embeddings.weight".to_string()]
+    } else {
+        Vec::new()
+    };
+    let reducer = megatron_parallel::DdpReducer::with_separate_buckets(params, options, &separate, backend, ctx)?;
+    let buckets = reducer
+        .shard_layout()
+        .into_iter()
+        .map(|b| megatron_optim::ShardedBucket { params: b.params, padded_numel: b.padded_numel })
+        .collect();
+    let adam = megatron_optim::AdamConfig { beta1: a.adam_beta1, beta2: a.adam_beta2, eps: a.adam_eps };
+    let group = reducer.group().clone();
+    let opt = megatron_optim::DistributedOptimizer::new(adam, buckets, ctx.comm.clone(), group, params)?;
+    Ok((Box::new(reducer), Box::new(opt)))
+}
+
+#[cfg(not(feature = "parallel"))]
+fn distributed_optimizer(
+    _: &crate::config::TrainConfig,
+    _: &[&megatron_core::Param],
+    _: std::sync::Arc<dyn megatron_core::Backend>,
+    _: &megatron_core::ParallelContext,
+) -> Result<(Box<dyn megatron_core::GradSync>, Box<dyn megatron_core::Optimizer>)> {
+    anyhow::bail!("--use-distributed-optimizer needs the `parallel` feature")
 }
 
 /// The world barrier between rank 0 building the datasets and the others: rank 0 reports

@@ -34,6 +34,14 @@ pub fn global_mean(reports: &[LossReport], trainer: &Trainer) -> Result<f64> {
 }
 
 impl Trainer {
+    /// The DP×CP group (gradient reduction, the distributed optimizer's shards).
+    fn dp_cp_group(&self) -> megatron_core::Group {
+        #[cfg(feature = "parallel")]
+        return megatron_parallel::dp_cp_group(&self.ctx);
+        #[cfg(not(feature = "parallel"))]
+        return self.ctx.dp_group.clone();
+    }
+
     /// Forward/backward over all microbatches, DP reduction, clipping and the update.
     pub fn train_step(&mut self) -> Result<StepResult> {
         let consumed = self.state.consumed_train_samples;
@@ -73,9 +81,13 @@ impl Trainer {
         }
         self.model.finalize_grads()?;
         let loss = global_mean(&reports, self)?;
+        let dp_group = self.cfg.args.use_distributed_optimizer.then(|| self.dp_cp_group());
         let grad_norm = {
             let mut params = self.model.params_mut();
-            megatron_optim::clip_grad_norm(&mut params, self.cfg.args.clip_grad, self.backend.as_ref(), &self.ctx)?
+            // The distributed optimizer leaves each DP rank its shard of the reduced grads
+            // (zeros elsewhere): the norm also sums over the DP×CP group.
+            let (max, bk) = (self.cfg.args.clip_grad, self.backend.as_ref());
+            megatron_optim::clip_grad_norm_sharded(&mut params, max, bk, &self.ctx, dp_group.as_ref())?
         };
         let lr = self.lr_schedule.lr();
         if !loss.is_finite() || !grad_norm.is_finite() {

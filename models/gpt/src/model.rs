@@ -50,7 +50,11 @@ pub struct GptModel {
     /// equal to it and kept equal by [`Model::finalize_grads`].
     pub shared_embedding: Option<Param>,
     pub(crate) cross_entropy: VocabParallelCrossEntropy,
-    pub(crate) logits: DeviceTensor,   // (B, T, V/tp); d_logits after backward
+    pub(crate) logits: DeviceTensor, // (B, T, V/tp); d_logits after backward
+    /// `(V/tp)`: 0 for real vocab ids, -inf for this rank's padding columns (ids
+    /// `>= vocab_size`), added to the logits as the output layer's bias so the padded rows
+    /// drop out of the softmax; `None` when this rank holds no padding (last stage only).
+    pub(crate) vocab_mask: Option<DeviceTensor>,
     pub(crate) d_hidden: DeviceTensor, // (B, T, C): gradient at the final norm output
     pub(crate) layers: Range<usize>,
     /// What each in-flight training microbatch's backward needs, by microbatch id.
@@ -119,7 +123,9 @@ impl GptModel {
             None
         };
         let bk = backend.as_ref();
+        let vocab_mask = if last { padding_mask(bk, config.vocab_size, vocab_padded, &ctx)? } else { None };
         Ok(GptModel {
+            vocab_mask,
             cross_entropy: VocabParallelCrossEntropy::new(backend.clone(), ctx.clone())?,
             logits: empty(bk)?,
             d_hidden: empty(bk)?,
@@ -304,4 +310,22 @@ impl Model for GptModel {
     fn finalize_grads(&mut self) -> Result<()> {
         self.all_reduce_shared_embedding_grad()
     }
+}
+
+/// The `(V/tp)` additive logit mask of this rank's vocab slice: `-inf` on padded vocab ids so
+/// they get probability 0 and gradient 0 (losses then do not depend on the padding, which
+/// differs with tp), `None` when the slice has no padding.
+fn padding_mask(
+    bk: &dyn Backend,
+    vocab: usize,
+    vocab_padded: usize,
+    ctx: &ParallelContext,
+) -> Result<Option<DeviceTensor>> {
+    let local = vocab_padded / ctx.tp_size();
+    let start = ctx.tp_rank * local;
+    if start + local <= vocab {
+        return Ok(None);
+    }
+    let mask: Vec<f32> = (start..start + local).map(|id| if id < vocab { 0.0 } else { f32::NEG_INFINITY }).collect();
+    Ok(Some(bk.from_host(megatron_core::HostBuffer::F32(mask), &[local])?))
 }

@@ -54,10 +54,11 @@ impl GptModel {
             (None, None, Some(e)) => &e.word_embeddings.weight.value,
             (None, None, None) => bail!("pipeline stage {} has no output layer", self.ctx.pp_rank),
         };
-        // Output layer: column-parallel, no bias, logits stay vocab-parallel.
+        // Output layer: column-parallel, no bias, logits stay vocab-parallel. The padding mask
+        // rides in the bias slot: padded vocab ids get logit -inf (see `padding_mask`).
         let x = self.decoder.output();
         copy_to_tp_region_forward(&self.ctx, x)?;
-        linear_forward(self.backend.as_ref(), x, w, None, &mut self.logits)
+        linear_forward(self.backend.as_ref(), x, w, self.vocab_mask.as_ref(), &mut self.logits)
     }
 
     pub(crate) fn stage_forward(
@@ -107,7 +108,8 @@ impl GptModel {
         self.stash_live()?;
         self.run_forward(tokens.as_ref(), input.as_ref(), &step)?;
         let (output, labels) = if last {
-            let labels = self.upload_ids(&batch.labels, "label", self.vocab_padded, Some(&batch.loss_mask))?;
+            // Padded ids have probability 0 (masked logits): they can never be counted targets.
+            let labels = self.upload_ids(&batch.labels, "label", self.config.vocab_size, Some(&batch.loss_mask))?;
             self.run_logits(&step)?;
             let losses = self.cross_entropy.forward(&self.logits, &labels, self.vocab_start())?;
             let mut report = LossReport::default();

@@ -7,7 +7,7 @@
 //! original only (SPEC §6.6).
 
 use anyhow::Result;
-use megatron_core::{Backend, ParallelContext, Param, ReduceOp};
+use megatron_core::{Backend, Group, ParallelContext, Param, ReduceOp};
 
 /// Whether `p`'s gradient belongs in this rank's share of the global norm.
 fn counts_on_this_rank(p: &Param, ctx: &ParallelContext) -> bool {
@@ -17,11 +17,25 @@ fn counts_on_this_rank(p: &Param, ctx: &ParallelContext) -> bool {
 /// The global L2 norm `sqrt(Σ g²)` of the gradients of `params`, identical on every rank of
 /// the model-parallel group. Inf/NaN in any grad gives a non-finite norm.
 pub fn grad_norm(params: &[&Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<f64> {
+    grad_norm_sharded(params, backend, ctx, None)
+}
+
+/// [`grad_norm`] when each data-parallel rank holds only its shard of the reduced gradients
+/// (zeros elsewhere; the distributed optimizer): the squares are also summed over `dp_group`.
+pub fn grad_norm_sharded(
+    params: &[&Param],
+    backend: &dyn Backend,
+    ctx: &ParallelContext,
+    dp_group: Option<&Group>,
+) -> Result<f64> {
     let mut sum = [0.0f64];
     for p in params.iter().filter(|p| counts_on_this_rank(p, ctx)) {
         sum[0] += backend.sum_squares(&p.grad)?;
     }
     ctx.comm.all_reduce_f64(&ctx.mp_group, &mut sum, ReduceOp::Sum)?;
+    if let Some(g) = dp_group.filter(|g| g.size() > 1) {
+        ctx.comm.all_reduce_f64(g, &mut sum, ReduceOp::Sum)?;
+    }
     Ok(sum[0].sqrt())
 }
 
@@ -35,12 +49,23 @@ pub fn clip_grad_norm(
     backend: &dyn Backend,
     ctx: &ParallelContext,
 ) -> Result<f64> {
+    clip_grad_norm_sharded(params, max_norm, backend, ctx, None)
+}
+
+/// [`clip_grad_norm`] over data-parallel gradient shards (see [`grad_norm_sharded`]).
+pub fn clip_grad_norm_sharded(
+    params: &mut [&mut Param],
+    max_norm: f64,
+    backend: &dyn Backend,
+    ctx: &ParallelContext,
+    dp_group: Option<&Group>,
+) -> Result<f64> {
     if max_norm <= 0.0 {
         return Ok(0.0);
     }
     let norm = {
         let view: Vec<&Param> = params.iter().map(|p| &**p).collect();
-        grad_norm(&view, backend, ctx)?
+        grad_norm_sharded(&view, backend, ctx, dp_group)?
     };
     if !is_finite_norm(norm) {
         return Ok(norm);

@@ -7,6 +7,7 @@
 
 mod adam;
 mod clip;
+mod dist_opt;
 mod lr_flags;
 mod lr_schedule;
 mod lr_state;
@@ -15,7 +16,10 @@ mod sgd;
 mod state_tensors;
 
 pub use adam::{Adam, AdamConfig};
-pub use clip::{clip_grad_norm, grad_norm, grads_have_inf_or_nan, is_finite_norm};
+pub use clip::{
+    clip_grad_norm, clip_grad_norm_sharded, grad_norm, grad_norm_sharded, grads_have_inf_or_nan, is_finite_norm,
+};
+pub use dist_opt::{DistributedOptimizer, ShardedBucket};
 pub use lr_flags::{lr_schedule_config_from_flags, LrFlags};
 pub use lr_schedule::{LrScheduleConfig, MegatronLrScheduler};
 pub use lr_styles::{DecayStyle, WdIncrStyle, WsdDecayStyle};

@@ -14,21 +14,36 @@ pub struct Bucket {
     pub params: Vec<usize>,
     pub offsets: Vec<usize>,
     pub numel: usize,
+    /// Element count of each parameter (same order as `params`).
+    pub sizes: Vec<usize>,
 }
 
 /// Lays out parameters of `numels` (registration order) into buckets of at least
 /// `bucket_size` elements (the last may be smaller); `None` puts everything in one bucket
 /// (Megatron without `--overlap-grad-reduce`).
 pub fn layout_buckets(numels: &[usize], bucket_size: Option<usize>) -> Vec<Bucket> {
+    layout_buckets_separate(numels, bucket_size, &vec![false; numels.len()])
+}
+
+/// [`layout_buckets`] where every parameter with `separate[i]` gets a bucket of its own
+/// (SPEC §5.6: the shared embedding with the distributed optimizer), placed where the
+/// reverse walk meets it.
+pub fn layout_buckets_separate(numels: &[usize], bucket_size: Option<usize>, separate: &[bool]) -> Vec<Bucket> {
     let limit = bucket_size.unwrap_or(usize::MAX).max(1);
+    let empty = || Bucket { params: Vec::new(), offsets: Vec::new(), numel: 0, sizes: Vec::new() };
     let mut buckets = Vec::new();
-    let mut cur = Bucket { params: Vec::new(), offsets: Vec::new(), numel: 0 };
+    let mut cur = empty();
     for i in (0..numels.len()).rev() {
+        if separate.get(i).copied().unwrap_or(false) {
+            buckets.push(Bucket { params: vec![i], offsets: vec![0], numel: numels[i], sizes: vec![numels[i]] });
+            continue;
+        }
         cur.params.push(i);
         cur.offsets.push(cur.numel);
+        cur.sizes.push(numels[i]);
         cur.numel += numels[i];
         if cur.numel >= limit {
-            buckets.push(std::mem::replace(&mut cur, Bucket { params: Vec::new(), offsets: Vec::new(), numel: 0 }));
+            buckets.push(std::mem::replace(&mut cur, empty()));
         }
     }
     if !cur.params.is_empty() {
@@ -50,7 +65,12 @@ mod tests {
         assert_eq!(b[0].offsets, vec![0, 6]);
         assert_eq!(b.iter().map(|b| b.numel).collect::<Vec<_>>(), vec![8, 8, 4]);
         let one = layout_buckets(&[4, 3, 5], None);
-        assert_eq!(one, vec![Bucket { params: vec![2, 1, 0], offsets: vec![0, 5, 8], numel: 12 }]);
+        assert_eq!(
+            one,
+            vec![Bucket { params: vec![2, 1, 0], offsets: vec![0, 5, 8], numel: 12, sizes: vec![5, 3, 4] }]
+        );
+        let sep = layout_buckets_separate(&[4, 3, 5], None, &[true, false, false]);
+        assert_eq!(sep.iter().map(|b| b.params.clone()).collect::<Vec<_>>(), vec![vec![0], vec![2, 1]]);
         assert!(layout_buckets(&[], Some(3)).is_empty());
         // A parameter larger than the bucket size gets a bucket of its own.
         assert_eq!(layout_buckets(&[1, 10], Some(4)).len(), 2);

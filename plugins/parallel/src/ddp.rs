@@ -8,12 +8,21 @@
 //! thread; [`GradSync::finish`] launches the rest and waits. Without overlap everything is
 //! reduced in `finish`. Packing, scaling and the (rank-order) sum are the same either way,
 //! so both give bitwise the same gradients.
+//!
+//! For the distributed optimizer (SPEC §5.7, [`DdpOptions::shard_for_distributed_optimizer`])
+//! each bucket is padded to a multiple of the DP×CP size and **reduce-scattered**: DP rank `d`
+//! ends up with the fully reduced range `[d·B/dp, (d+1)·B/dp)` of every bucket, written back
+//! into the parameters' gradients with zeros everywhere else (so a norm over all local grads,
+//! summed over DP, is the global norm). [`DdpReducer::shard_layout`] tells the optimizer which
+//! ranges it owns. Parameters named in `separate_buckets` (the tied word embedding with
+//! pp > 1) get a bucket of their own, so the first and last stage own the same rows of it and
+//! the embedding-group all-reduce of the shards stays correct (Megatron's rule).
 
-use crate::buckets::{default_bucket_size, layout_buckets, Bucket};
+use crate::buckets::{default_bucket_size, layout_buckets_separate, Bucket};
 use crate::strategy::dp_cp_group;
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
-    Backend, Communicator, DeviceTensor, GradSync, Group, HostBuffer, ParallelContext, Param, ReduceOp,
+    Backend, Communicator, DType, DeviceTensor, GradSync, Group, HostBuffer, ParallelContext, Param, ReduceOp,
 };
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -27,6 +36,16 @@ pub struct DdpOptions {
     /// one bucket without.
     pub bucket_size: Option<usize>,
     pub overlap_grad_reduce: bool,
+    /// Reduce-scatter instead of all-reduce (`--use-distributed-optimizer`).
+    pub shard_for_distributed_optimizer: bool,
+}
+
+/// One bucket as the distributed optimizer sees it: `(name, offset, numel)` of its
+/// parameters in the flat buffer, padded to `padded_numel` (a multiple of the DP×CP size).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardBucket {
+    pub params: Vec<(String, usize, usize)>,
+    pub padded_numel: usize,
 }
 
 /// A bucket being filled during a step.
@@ -40,20 +59,24 @@ struct Staging {
 
 /// The background thread that runs bucket all-reduces in launch order.
 struct CommThread {
-    jobs: Option<Sender<(usize, DeviceTensor)>>,
+    jobs: Option<Sender<(usize, DeviceTensor, Option<DeviceTensor>)>>,
     done: Receiver<(usize, Result<DeviceTensor>)>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl CommThread {
     fn start(comm: Arc<dyn Communicator>, group: Group) -> Result<CommThread> {
-        let (jobs, rx) = channel::<(usize, DeviceTensor)>();
+        let (jobs, rx) = channel::<(usize, DeviceTensor, Option<DeviceTensor>)>();
         let (tx, done) = channel();
         let handle = std::thread::Builder::new()
             .name(format!("ddp-comm-rank{}", comm.rank()))
             .spawn(move || {
-                for (bucket, mut t) in rx {
-                    let r = comm.all_reduce(&group, &mut t, ReduceOp::Sum).map(|()| t);
+                for (bucket, mut t, shard) in rx {
+                    let r = match shard {
+                        // Distributed optimizer: only this rank's reduced range comes back.
+                        Some(mut out) => comm.reduce_scatter(&group, &t, &mut out, ReduceOp::Sum).map(|()| out),
+                        None => comm.all_reduce(&group, &mut t, ReduceOp::Sum).map(|()| t),
+                    };
                     if tx.send((bucket, r)).is_err() {
                         break;
                     }
@@ -88,6 +111,7 @@ pub struct DdpReducer {
     reduced: Vec<Option<DeviceTensor>>,
     thread: Option<CommThread>,
     in_flight: usize,
+    shard: bool,
 }
 
 impl DdpReducer {
@@ -99,6 +123,17 @@ impl DdpReducer {
         backend: Arc<dyn Backend>,
         ctx: &ParallelContext,
     ) -> Result<DdpReducer> {
+        DdpReducer::with_separate_buckets(params, options, &[], backend, ctx)
+    }
+
+    /// [`DdpReducer::new`] where the parameters named in `separate_buckets` get a bucket each.
+    pub fn with_separate_buckets(
+        params: &[&Param],
+        options: DdpOptions,
+        separate_buckets: &[String],
+        backend: Arc<dyn Backend>,
+        ctx: &ParallelContext,
+    ) -> Result<DdpReducer> {
         let group = dp_cp_group(ctx);
         let bucket_size = match (options.overlap_grad_reduce, options.bucket_size) {
             (_, Some(0)) => bail!("--ddp-bucket-size must be > 0"),
@@ -106,7 +141,8 @@ impl DdpReducer {
             (false, size) => size,
         };
         let numels: Vec<usize> = params.iter().map(|p| p.grad.numel()).collect();
-        let buckets = layout_buckets(&numels, bucket_size);
+        let separate: Vec<bool> = params.iter().map(|p| separate_buckets.iter().any(|n| n == &p.name)).collect();
+        let buckets = layout_buckets_separate(&numels, bucket_size, &separate);
         let mut slot = HashMap::new();
         for (b, bucket) in buckets.iter().enumerate() {
             for (k, &i) in bucket.params.iter().enumerate() {
@@ -132,6 +168,7 @@ impl DdpReducer {
             slot,
             thread,
             in_flight: 0,
+            shard: options.shard_for_distributed_optimizer,
         };
         r.reset();
         Ok(r)
@@ -140,6 +177,41 @@ impl DdpReducer {
     /// The bucket layout (parameter indices in registration order), for tests and logs.
     pub fn buckets(&self) -> &[Bucket] {
         &self.buckets
+    }
+
+    /// Elements of bucket `b`'s flat buffer: padded to a multiple of the group size when
+    /// reduce-scattering, so every rank owns an equal range.
+    fn padded(&self, b: usize) -> usize {
+        let n = self.buckets[b].numel;
+        if self.shard {
+            n.div_ceil(self.group.size()) * self.group.size()
+        } else {
+            n
+        }
+    }
+
+    /// The buckets by parameter name with their padded sizes (distributed optimizer): rank `d`
+    /// of the DP×CP group owns `[d·P/dp, (d+1)·P/dp)` of each bucket of padded size `P`.
+    pub fn shard_layout(&self) -> Vec<ShardBucket> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .map(|(b, bucket)| ShardBucket {
+                params: bucket
+                    .params
+                    .iter()
+                    .zip(&bucket.offsets)
+                    .zip(&bucket.sizes)
+                    .map(|((&i, &off), &n)| (self.names[i].clone(), off, n))
+                    .collect(),
+                padded_numel: self.padded(b),
+            })
+            .collect()
+    }
+
+    /// This rank's index in the DP×CP group and the group (distributed optimizer).
+    pub fn group(&self) -> &Group {
+        &self.group
     }
 
     fn reset(&mut self) {
@@ -177,7 +249,14 @@ impl DdpReducer {
         let bucket = &self.buckets[b];
         let off = bucket.offsets[k];
         if st.data.is_empty() {
-            st.data = vec![0.0; bucket.numel];
+            st.data = vec![
+                0.0;
+                if self.shard {
+                    bucket.numel.div_ceil(self.group.size()) * self.group.size()
+                } else {
+                    bucket.numel
+                }
+            ];
         }
         st.data[off..off + grad.len()].copy_from_slice(&grad);
         st.ready[k] = true;
@@ -194,14 +273,20 @@ impl DdpReducer {
         let mut t = self.backend.from_host(HostBuffer::F32(data), &[n])?;
         // Pre-scaling (rather than dividing the sum) is Megatron's default (SPEC §5.6).
         self.backend.scale(&mut t, self.scale)?;
+        let shard_out = if self.shard { Some(self.backend.zeros(&[n / self.group.size()], DType::F32)?) } else { None };
         match &self.thread {
             Some(th) => {
                 let jobs = th.jobs.as_ref().ok_or_else(|| anyhow!("the data-parallel communication thread is gone"))?;
-                jobs.send((b, t)).map_err(|_| anyhow!("the data-parallel communication thread stopped"))?;
+                jobs.send((b, t, shard_out)).map_err(|_| anyhow!("the data-parallel communication thread stopped"))?;
                 self.in_flight += 1;
             }
             None => {
-                if self.group.size() > 1 {
+                if let Some(mut out) = shard_out {
+                    self.comm.reduce_scatter(&self.group, &t, &mut out, ReduceOp::Sum).with_context(|| {
+                        format!("reduce-scattering gradient bucket {b} over the data-parallel group")
+                    })?;
+                    t = out;
+                } else if self.group.size() > 1 {
                     self.comm
                         .all_reduce(&self.group, &mut t, ReduceOp::Sum)
                         .with_context(|| format!("all-reducing gradient bucket {b} over the data-parallel group"))?;
@@ -247,10 +332,20 @@ impl DdpReducer {
                 HostBuffer::F32(v) => v,
                 other => bail!("reduced gradient bucket {b} came back as {}", other.dtype()),
             };
+            // Sharded: `flat` is this rank's range of the padded bucket; the rest reads as 0.
+            let (lo, hi) = if self.shard {
+                let per = flat.len();
+                let d = self.group.ranks.iter().position(|&r| r == self.comm.rank()).unwrap_or(0);
+                (d * per, (d + 1) * per)
+            } else {
+                (0, flat.len())
+            };
             for (k, &i) in bucket.params.iter().enumerate() {
                 let p = &mut params[by_name[&self.names[i]]];
                 let (off, n) = (bucket.offsets[k], p.grad.numel());
-                let src = backend.from_host(HostBuffer::F32(flat[off..off + n].to_vec()), p.grad.shape())?;
+                let g: Vec<f32> =
+                    (off..off + n).map(|j| if (lo..hi).contains(&j) { flat[j - lo] } else { 0.0 }).collect();
+                let src = backend.from_host(HostBuffer::F32(g), p.grad.shape())?;
                 backend.copy(&src, &mut p.grad).with_context(|| format!("writing back the gradient of {}", p.name))?;
             }
         }

@@ -4,13 +4,17 @@
 
 mod buckets;
 mod ddp;
+mod interleaved;
 mod no_pipelining;
 mod one_f_one_b;
 mod single_comm;
 mod strategy;
 
-pub use buckets::{default_bucket_size, layout_buckets, Bucket};
-pub use ddp::{DdpOptions, DdpReducer};
+pub use buckets::{default_bucket_size, layout_buckets, layout_buckets_separate, Bucket};
+pub use ddp::{DdpOptions, DdpReducer, ShardBucket};
+pub use interleaved::{
+    bubble_fraction, check_interleaving, interleaved_order, interleaved_warmup, virtual_microbatch_table, ChunkAction,
+};
 pub use no_pipelining::NoPipelining;
 pub use one_f_one_b::{one_f_one_b_order, OneFOneB, PipelineAction};
 pub use single_comm::single_communicators;

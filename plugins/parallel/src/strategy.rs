@@ -127,6 +127,7 @@ impl ParallelStrategy for MegatronStrategy {
         let options = DdpOptions {
             bucket_size: self.config.ddp_bucket_size,
             overlap_grad_reduce: self.config.overlap_grad_reduce,
+            shard_for_distributed_optimizer: false,
         };
         Ok(Some(Box::new(DdpReducer::new(params, options, backend, ctx)?)))
     }

@@ -74,7 +74,7 @@ fn run_rank(mode: Mode, strategy: &MegatronStrategy, ctx: ParallelContext) -> Ve
             Mode::Buckets | Mode::Overlap { .. } => {
                 let overlap = matches!(mode, Mode::Overlap { .. });
                 let view: Vec<&Param> = refs.iter().map(|p| &**p).collect();
-                let options = DdpOptions { bucket_size: Some(10), overlap_grad_reduce: overlap };
+                let options = DdpOptions { bucket_size: Some(10), overlap_grad_reduce: overlap, ..Default::default() };
                 let mut ddp = DdpReducer::new(&view, options, backend.clone(), &ctx).unwrap();
                 if overlap {
                     assert_eq!(ddp.buckets().len(), 3, "buckets of >= 10 elements, reversed: {:?}", ddp.buckets());
