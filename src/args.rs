@@ -219,6 +219,21 @@ pub struct PretrainArgs {
     pub bf16: bool,
     #[arg(long)]
     pub fp16: bool,
+    /// A constant loss scale (fp16/bf16); without it fp16 scales dynamically (SPEC §6.7).
+    #[arg(long)]
+    pub loss_scale: Option<f64>,
+    /// Dynamic loss scaling: the starting scale (2^32).
+    #[arg(long, default_value_t = 4294967296.0)]
+    pub initial_loss_scale: f64,
+    /// Dynamic loss scaling: the scale never backs off below this.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_loss_scale: f64,
+    /// Dynamic loss scaling: clean iterations before the scale doubles.
+    #[arg(long, default_value_t = 1000)]
+    pub loss_scale_window: u64,
+    /// Dynamic loss scaling: overflows tolerated before the scale halves.
+    #[arg(long, default_value_t = 2)]
+    pub hysteresis: u64,
     /// Plugin configurations from a JSON, TOML or YAML file, one section per plugin kind
     /// (`model: {name: gpt, ...}`); the file wins over flags (docs/plugins.md).
     #[arg(long, value_name = "FILE")]

@@ -79,6 +79,22 @@ impl TrainConfig {
         );
         need(a.train_iters > 0, "--train-iters must be > 0".into());
         need(a.lr >= 0.0, "--lr must be >= 0".into());
+        // The scaler flags are checked now (clear errors), although half training is not on yet.
+        #[cfg(feature = "optim")]
+        {
+            let flags = megatron_optim::LossScaleFlags {
+                fp16: a.fp16,
+                bf16: a.bf16,
+                loss_scale: a.loss_scale,
+                initial_loss_scale: a.initial_loss_scale,
+                min_loss_scale: a.min_loss_scale,
+                loss_scale_window: a.loss_scale_window,
+                hysteresis: a.hysteresis,
+            };
+            if let Err(e) = megatron_optim::LossScaler::from_flags(&flags) {
+                need(false, e.to_string());
+            }
+        }
         need(
             !(a.bf16 || a.fp16),
             "--bf16/--fp16 training is not available yet on this backend; train in fp32 (drop the flag)".into(),
