@@ -140,6 +140,25 @@ fn loss_scale_flags_are_checked() {
 }
 
 #[test]
+fn recompute_flags_are_checked() {
+    let out = megatron()
+        .args(base("--train-iters 5 --recompute-granularity full --recompute-method uniform"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("full is not available yet"), "{err}");
+    let out = megatron()
+        .args(base("--train-iters 5 --recompute-granularity selective --recompute-modules mlp"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("only core_attn is available"), "{err}");
+    let out = megatron().args(base("--train-iters 5 --recompute-method block")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("need --recompute-granularity"), "{err}");
+}
+
+#[test]
 fn missing_data_prefix_is_reported_with_its_path() {
     let out = megatron()
         .args(base("--train-iters 1").iter().filter(|a| *a != "--mock-data"))
