@@ -221,6 +221,37 @@ pub struct PretrainArgs {
     pub bf16: bool,
     #[arg(long)]
     pub fp16: bool,
+    /// A constant loss scale (fp16/bf16); without it fp16 scales dynamically (SPEC §6.7).
+    #[arg(long)]
+    pub loss_scale: Option<f64>,
+    /// Dynamic loss scaling: the starting scale (2^32).
+    #[arg(long, default_value_t = 4294967296.0)]
+    pub initial_loss_scale: f64,
+    /// Dynamic loss scaling: the scale never backs off below this.
+    #[arg(long, default_value_t = 1.0)]
+    pub min_loss_scale: f64,
+    /// Dynamic loss scaling: clean iterations before the scale doubles.
+    #[arg(long, default_value_t = 1000)]
+    pub loss_scale_window: u64,
+    /// Dynamic loss scaling: overflows tolerated before the scale halves.
+    #[arg(long, default_value_t = 2)]
+    pub hysteresis: u64,
+    /// Same as `--recompute-granularity selective` (SPEC §6.9).
+    #[arg(long)]
+    pub recompute_activations: bool,
+    /// `selective` (the modules of `--recompute-modules`) or `full` (not available yet).
+    #[arg(long)]
+    pub recompute_granularity: Option<String>,
+    /// Modules recomputed by selective recomputation; only `core_attn`, which our attention
+    /// always recomputes (docs in config.rs).
+    #[arg(long, num_args = 1..)]
+    pub recompute_modules: Vec<String>,
+    /// Full recomputation: `uniform` or `block` (not available yet).
+    #[arg(long)]
+    pub recompute_method: Option<String>,
+    /// Full recomputation: layers per unit (`uniform`) or per stage (`block`).
+    #[arg(long)]
+    pub recompute_num_layers: Option<usize>,
     /// Plugin configurations from a JSON, TOML or YAML file, one section per plugin kind
     /// (`model: {name: gpt, ...}`); the file wins over flags (docs/plugins.md).
     #[arg(long, value_name = "FILE")]

@@ -93,6 +93,53 @@ impl TrainConfig {
         );
         need(a.train_iters > 0, "--train-iters must be > 0".into());
         need(a.lr >= 0.0, "--lr must be >= 0".into());
+        // The scaler flags are checked now (clear errors), although half training is not on yet.
+        #[cfg(feature = "optim")]
+        {
+            let flags = megatron_optim::LossScaleFlags {
+                fp16: a.fp16,
+                bf16: a.bf16,
+                loss_scale: a.loss_scale,
+                initial_loss_scale: a.initial_loss_scale,
+                min_loss_scale: a.min_loss_scale,
+                loss_scale_window: a.loss_scale_window,
+                hysteresis: a.hysteresis,
+            };
+            if let Err(e) = megatron_optim::LossScaler::from_flags(&flags) {
+                need(false, e.to_string());
+            }
+        }
+        // Recomputation (SPEC §6.9). Selective recomputation of `core_attn` is what our
+        // attention always does: its forward keeps only qkv (B, T, 3C), the context (B, T, C) and
+        // the log-sum-exp (B, heads, T); the (B, heads, T, T) scores, probabilities and attention
+        // dropout mask (a pure function of the seed) are rebuilt in backward. So `selective` with
+        // `core_attn` is accepted and changes nothing; other modules and `full` are not built yet.
+        let granularity = a.recompute_granularity.clone().or(a.recompute_activations.then(|| "selective".to_string()));
+        match granularity.as_deref() {
+            None => need(
+                a.recompute_modules.is_empty() && a.recompute_method.is_none() && a.recompute_num_layers.is_none(),
+                "--recompute-modules/--recompute-method/--recompute-num-layers need --recompute-granularity".into(),
+            ),
+            Some("selective") => {
+                need(
+                    a.recompute_modules.iter().all(|m| m == "core_attn"),
+                    format!(
+                        "--recompute-modules {:?}: only core_attn is available (our attention always \
+                         recomputes its scores in backward); drop the others",
+                        a.recompute_modules
+                    ),
+                );
+                need(
+                    a.recompute_method.is_none() && a.recompute_num_layers.is_none(),
+                    "--recompute-method/--recompute-num-layers apply to --recompute-granularity full only".into(),
+                );
+            }
+            Some("full") => need(
+                false,
+                "--recompute-granularity full is not available yet; use selective (core_attn) or drop it".into(),
+            ),
+            Some(other) => need(false, format!("--recompute-granularity {other}: expected selective or full")),
+        }
         need(
             !(a.bf16 || a.fp16),
             "--bf16/--fp16 training is not available yet on this backend; train in fp32 (drop the flag)".into(),

@@ -128,6 +128,37 @@ fn bad_flags_name_the_problem() {
 }
 
 #[test]
+fn loss_scale_flags_are_checked() {
+    let out = megatron().args(base("--train-iters 5 --fp16 --min-loss-scale 1e10")).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--min-loss-scale (10000000000) is larger than --initial-loss-scale"), "{err}");
+    assert!(err.contains("--bf16/--fp16 training is not available"), "{err}");
+    let out = megatron().args(base("--train-iters 5 --bf16 --loss-scale 0")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--loss-scale must be a finite number > 0"), "{err}");
+}
+
+#[test]
+fn recompute_flags_are_checked() {
+    let out = megatron()
+        .args(base("--train-iters 5 --recompute-granularity full --recompute-method uniform"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("full is not available yet"), "{err}");
+    let out = megatron()
+        .args(base("--train-iters 5 --recompute-granularity selective --recompute-modules mlp"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("only core_attn is available"), "{err}");
+    let out = megatron().args(base("--train-iters 5 --recompute-method block")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("need --recompute-granularity"), "{err}");
+}
+
+#[test]
 fn missing_data_prefix_is_reported_with_its_path() {
     let out = megatron()
         .args(base("--train-iters 1").iter().filter(|a| *a != "--mock-data"))

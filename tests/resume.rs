@@ -53,3 +53,18 @@ fn load_with_other_model_shape_is_a_clear_error() {
     let msg = format!("{err:#}");
     assert!(msg.contains("hidden"), "error should name the mismatched setting: {msg}");
 }
+
+/// Selective (core_attn) recomputation is what our attention always does, so the flags must not
+/// change a single bit of the losses or gradient norms (dropout on: the masks are seed-derived).
+#[test]
+fn selective_recompute_is_bit_identical() {
+    let plain = common::pretrain(&common::tiny_with("--train-iters 6")).unwrap();
+    let recomputed = common::pretrain(&common::tiny_with(
+        "--train-iters 6 --recompute-activations --recompute-granularity selective --recompute-modules core_attn",
+    ))
+    .unwrap();
+    assert_eq!(plain.losses.len(), 6);
+    let bits = |v: &[(u64, f64)]| v.iter().map(|(i, x)| (*i, x.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&plain.losses), bits(&recomputed.losses));
+    assert_eq!(bits(&plain.grad_norms), bits(&recomputed.grad_norms));
+}

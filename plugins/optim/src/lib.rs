@@ -1,5 +1,5 @@
 //! `megatron-optim`: optimizers (Adam/AdamW, SGD), gradient-norm clipping and Megatron's
-//! learning-rate / weight-decay schedule (SPEC §6.3–§6.6).
+//! learning-rate / weight-decay schedule (SPEC §6.3–§6.6), and the fp16 loss scaler (§6.7).
 //!
 //! Registers the optimizer plugins `adam` ([`AdamConfig`]) and `sgd` ([`SgdConfig`]) and the
 //! lr-schedule plugin `megatron` ([`LrScheduleConfig`], counts in samples; build it from
@@ -8,6 +8,7 @@
 mod adam;
 mod clip;
 mod dist_opt;
+mod loss_scaler;
 mod lr_flags;
 mod lr_schedule;
 mod lr_state;
@@ -20,6 +21,7 @@ pub use clip::{
     clip_grad_norm, clip_grad_norm_sharded, grad_norm, grad_norm_sharded, grads_have_inf_or_nan, is_finite_norm,
 };
 pub use dist_opt::{DistributedOptimizer, ShardedBucket};
+pub use loss_scaler::{DynamicScalerConfig, LossScaleFlags, LossScaler};
 pub use lr_flags::{lr_schedule_config_from_flags, LrFlags};
 pub use lr_schedule::{LrScheduleConfig, MegatronLrScheduler};
 pub use lr_styles::{DecayStyle, WdIncrStyle, WsdDecayStyle};
