@@ -6,6 +6,7 @@ mod checkpointing;
 pub mod comm_timing;
 pub mod data;
 pub mod log;
+mod mpi_rank;
 mod multi_rank;
 mod setup;
 mod step;
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use mpi_rank::run_mpi_rank;
 pub use multi_rank::run_ranks;
 pub use setup::{build_trainer, build_trainer_with_comm};
 
