@@ -145,6 +145,11 @@ pub struct PretrainArgs {
     /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x pp).
     #[arg(long, visible_alias = "world-size", default_value_t = 1)]
     pub nproc: usize,
+    /// Where the ranks come from: `local` (threads of this process, `--nproc`), `mpi` (one
+    /// process per rank, started by mpirun/srun; a `--features mpi` build) or `auto` (mpi when
+    /// an MPI launcher started this process, else local). See docs/mpi.md.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mpi", "local"])]
+    pub distributed_backend: String,
     /// All-reduce each gradient bucket as soon as its gradients are final in the last
     /// microbatch's backward, overlapped with the rest of backward.
     #[arg(long)]

@@ -139,8 +139,13 @@ fn run_pretrain(args: &PretrainArgs, _registry: &Registry) -> Result<()> {
 #[cfg(all(feature = "optim", feature = "checkpoint"))]
 pub fn pretrain(args: &PretrainArgs, registry: &Registry, stop: Arc<AtomicBool>) -> Result<crate::train::TrainSummary> {
     let (args, registry) = crate::plugin_config::apply_config_file(args, registry)?;
-    let cfg = TrainConfig::from_args(&args, args.nproc)?;
-    crate::train::run_ranks(cfg, &registry, stop)
+    match crate::distributed::select_from_env(&args.distributed_backend, args.nproc)? {
+        crate::distributed::Backend::Mpi => crate::train::run_mpi_rank(&args, &registry, stop),
+        crate::distributed::Backend::Local => {
+            let cfg = TrainConfig::from_args(&args, args.nproc)?;
+            crate::train::run_ranks(cfg, &registry, stop)
+        }
+    }
 }
 
 fn list(registry: &Registry, kind: Option<&str>) -> Result<()> {

@@ -6,6 +6,7 @@ pub mod args;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod distributed;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
@@ -27,6 +28,8 @@ pub mod train;
 use megatron_checkpoint as _;
 #[cfg(feature = "comm-local")]
 use megatron_comm_local as _;
+#[cfg(feature = "mpi")]
+use megatron_comm_mpi as _;
 #[cfg(feature = "cpu")]
 use megatron_cpu as _;
 #[cfg(feature = "datasets")]

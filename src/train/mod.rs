@@ -7,6 +7,7 @@ pub mod comm_timing;
 pub mod data;
 pub mod log;
 pub mod memory;
+mod mpi_rank;
 mod multi_rank;
 mod setup;
 mod step;
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use mpi_rank::run_mpi_rank;
 pub use multi_rank::run_ranks;
 pub use setup::{build_trainer, build_trainer_with_comm};
 

@@ -12,7 +12,7 @@
 //!   other waiting rank reports the same; mismatched collectives are an error naming both.
 
 mod communicator;
-mod payload;
+pub mod payload;
 mod world;
 
 pub use communicator::LocalCommunicator;

@@ -23,6 +23,10 @@ impl Payload {
             Payload::Empty => 0,
         }
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Which collective a rank called; every rank of a group must call the same one (same kind,
@@ -116,8 +120,9 @@ fn max_f64(a: f64, b: f64) -> f64 {
     }
 }
 
-/// Elementwise reduction in group (= rank) order: `((x0 + x1) + x2) + ...`.
-fn reduce(inputs: Vec<Payload>, op: ReduceOp) -> Result<Payload> {
+/// Elementwise reduction in group (= rank) order: `((x0 + x1) + x2) + ...`. Public so the
+/// `mpi` communicator reduces with the same arithmetic (bit-identical results).
+pub fn reduce(inputs: Vec<Payload>, op: ReduceOp) -> Result<Payload> {
     let mut it = inputs.into_iter();
     let Some(mut acc) = it.next() else { bail!("a collective with no participants") };
     // bf16/f16 accumulate in f32 and round once at the end.
@@ -172,7 +177,7 @@ fn combine<T: Copy>(acc: &mut [T], x: &[T], add: impl Fn(T, T) -> T, max: impl F
 }
 
 /// Concatenates host buffers of one dtype in group order.
-fn concat(inputs: Vec<Payload>) -> Result<Payload> {
+pub fn concat(inputs: Vec<Payload>) -> Result<Payload> {
     let mut it = inputs.into_iter();
     let Some(Payload::Tensor(mut acc)) = it.next() else { bail!("all_gather needs tensor inputs") };
     for x in it {

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# MPI fault handling: a rank killed with SIGKILL mid-run must end the job with an error naming
+# that rank, within a timeout, every time. Usage: scripts/mpi_faults.sh [megatron (--features mpi)] [runs]
+set -uo pipefail
+B=${1:-target/debug/megatron}; RUNS=${2:-3}
+command -v mpirun >/dev/null || { echo "SKIP: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"; exit 0; }
+MPIRUN="mpirun --oversubscribe"; [ "$(id -u)" = 0 ] && MPIRUN="$MPIRUN --allow-run-as-root"
+T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
+F="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 \
+ --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --mock-data --vocab-size 128 --train-iters 100000 \
+ --log-interval 1000 --tensor-model-parallel-size 2 --distributed-timeout-minutes 1"
+pass=0; fail=0
+for i in $(seq "$RUNS"); do
+  start=$(date +%s)
+  timeout 120 $MPIRUN -np 2 "$B" pretrain $F >"$T/out" 2>&1 &
+  job=$!
+  sleep 3
+  victim=$(pgrep -f "^[^ ]*megatron-mpi pretrain|^[^ ]*megatron pretrain" | tail -1)
+  [ -z "$victim" ] && victim=$(pgrep -f "$B pretrain" | tail -1)
+  kill -9 "$victim" 2>/dev/null
+  wait $job; rc=$?; secs=$(( $(date +%s) - start ))
+  if [ $rc != 0 ] && [ $rc != 124 ] && grep -qE "rank [0-9]+.*(signal 9|Killed|failed|never arrived)|(signal 9|Killed).*rank [0-9]+|process rank [0-9]+" "$T/out"; then
+    echo "run $i: job ended (rc $rc) after ${secs}s: $(grep -E "process rank|failed|never arrived|signal 9" "$T/out" | head -2 | tr -s " " | tr "\n" " ")"; pass=$((pass+1))
+  else
+    echo "run $i: NOT detected (rc $rc, ${secs}s)"; tail -5 "$T/out"; fail=$((fail+1))
+  fi
+done
+echo "mpi faults: $pass passed, $fail failed"
+[ "$fail" = 0 ]
