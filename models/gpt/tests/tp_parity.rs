@@ -135,7 +135,7 @@ fn gpt2_vocab_padding_does_not_change_losses_tp1_vs_tp2() {
     let steps = 4;
     let reference = sgd_losses(c.clone(), ParallelContext::single(), steps);
     let grid = RankGrid::new(2, 2, 1, 1).unwrap();
-    let comms = ThreadComm::world(2);
+    let comms = LocalCommunicator::world(2, std::time::Duration::from_secs(60));
     let results: Vec<Vec<f64>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .iter()
