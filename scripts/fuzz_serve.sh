@@ -15,7 +15,13 @@ cd "$(dirname "$0")/.."
 export CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1}
 # The dev profile is optimised (opt-level 2): no separate release build on small machines.
 cargo build --bin megatron
-cargo test --test serve_fuzz --no-run
+# The test binary is run directly so no cargo lock is held during the session.
+FUZZ=$(cargo test --test serve_fuzz --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "serve_fuzz":
+        print(m["executable"])')
 BIN=target/debug/megatron
 WORK=$(mktemp -d)
 cleanup() { [ -n "${SERVER_PID:-}" ] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
@@ -37,7 +43,7 @@ echo "server pid $SERVER_PID port $PORT, start RSS $(rss) KiB"
 SAMPLER=$!
 STATUS=0
 MEGATRON_FUZZ_ADDR=127.0.0.1:$PORT MEGATRON_FUZZ_SECS=$SECS MEGATRON_FUZZ_THREADS=$THREADS \
-  cargo test --test serve_fuzz -- --ignored --nocapture fuzz_external_server 2>&1 \
+  "$FUZZ" --ignored --nocapture fuzz_external_server 2>&1 \
   | grep -E "FUZZ RESULT|test result|panicked|violation|failed" || STATUS=1
 kill "$SAMPLER" 2>/dev/null || true
 if kill -0 "$SERVER_PID" 2>/dev/null; then
