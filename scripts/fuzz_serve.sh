@@ -51,5 +51,7 @@ if kill -0 "$SERVER_PID" 2>/dev/null; then
 else
   echo "SERVER DIED"; tail -5 "$WORK/serve.log"; STATUS=1
 fi
-awk 'NR==1 {min=$2} {if ($2<min) min=$2; if ($2>max) max=$2} END {print "RSS samples: " NR ", min " min " KiB, max " max " KiB"}' "$WORK/rss.log"
+awk 'NR==1 {min=$2} {if ($2<min) min=$2; if ($2>max) max=$2; v[NR]=$2}
+     END {print "RSS samples: " NR ", min " min " KiB, max " max " KiB; trace (KiB) at 0/25/50/75/100%: " \
+          v[1] " " v[int(NR/4)+1] " " v[int(NR/2)+1] " " v[int(3*NR/4)+1] " " v[NR]}' "$WORK/rss.log"
 exit $STATUS
