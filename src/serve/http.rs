@@ -11,7 +11,7 @@
 //! - versions other than HTTP/1.0 and 1.1 → 505; `Transfer-Encoding` other than `chunked` → 501;
 //!   `Expect` other than `100-continue` → 417; anything malformed → 400;
 //! - a whole request must arrive within [`Limits::request_deadline`] (slow clients cannot hold
-//!   an HTTP thread forever).
+//!   an HTTP thread forever: [`Deadline`] under the buffered reader) → 408.
 
 use std::io::{BufRead, Read, Write};
 use std::time::{Duration, Instant};
@@ -64,7 +64,33 @@ fn err(status: u16, message: impl Into<String>) -> HttpError {
 }
 
 fn io_err(e: std::io::Error) -> HttpError {
-    err(0, format!("connection: {e}"))
+    use std::io::ErrorKind::{TimedOut, WouldBlock};
+    // A socket read timeout (WouldBlock on Unix) or the request deadline: the client is still
+    // there but too slow, and is told so; other errors mean it went away.
+    let status = if matches!(e.kind(), TimedOut | WouldBlock) { 408 } else { 0 };
+    err(status, format!("connection: {e}"))
+}
+
+/// A reader that fails with `TimedOut` once `until` has passed: with the socket's per-read
+/// timeout this bounds a whole request, however slowly its bytes trickle in.
+pub struct Deadline<R> {
+    pub inner: R,
+    until: Instant,
+}
+
+impl<R> Deadline<R> {
+    pub fn new(inner: R, limit: Duration) -> Deadline<R> {
+        Deadline { inner, until: Instant::now() + limit }
+    }
+}
+
+impl<R: Read> Read for Deadline<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() > self.until {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request deadline passed"));
+        }
+        self.inner.read(buf)
+    }
 }
 
 /// Reads one line ending in `\n` (CR stripped), charging its bytes to `budget`; `over` is the
@@ -309,6 +335,14 @@ mod tests {
         ] {
             assert_eq!(status(bad), 400, "{}", String::from_utf8_lossy(bad));
         }
+        // A request trickling in after its deadline: 408.
+        let limits = Limits { request_deadline: Duration::from_millis(1), ..Limits::default() };
+        let mut slow = std::io::BufReader::with_capacity(
+            1,
+            Deadline::new(&b"GET / HTTP/1.1\r\n\r\n"[..], limits.request_deadline),
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(read_request(&mut slow, &mut Vec::new(), &limits).unwrap_err().status, 408);
         // Cut-off requests: no answer (the client is gone).
         for cut in [&b""[..], b"GET / HTTP/1.1\r\nHost", b"PUT / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab"] {
             assert_eq!(status(cut), 0, "{}", String::from_utf8_lossy(cut));

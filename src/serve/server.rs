@@ -6,7 +6,7 @@
 //! decoding steps. A failed request never stops the server: errors become HTTP 400 JSON.
 //! HTTP itself is [`super::http`]: bounded, one request per connection.
 
-use super::http::{read_request, write_json, Limits, Request};
+use super::http::{read_request, write_json, Deadline, Limits, Request};
 use super::request::{parse, ApiRequest};
 use crate::generate::{GenerationParams, Generator, LoadedModel};
 use anyhow::{anyhow, Result};
@@ -171,7 +171,7 @@ fn serve_connection(stream: TcpStream, ctx: &HttpContext) {
     let _ = stream.set_nodelay(true);
     let Ok(write_half) = stream.try_clone() else { return };
     let mut writer = std::io::BufWriter::new(write_half);
-    let mut reader = std::io::BufReader::with_capacity(8 << 10, stream);
+    let mut reader = std::io::BufReader::with_capacity(8 << 10, Deadline::new(stream, limits.request_deadline));
     let t0 = std::time::Instant::now();
     let (status, body, log) = match read_request(&mut reader, &mut writer, &limits) {
         Ok(req) => route(&req, ctx),
@@ -186,7 +186,7 @@ fn serve_connection(stream: TcpStream, ctx: &HttpContext) {
     if status != 200 {
         // Unread request bytes would make the close send a reset that can destroy the answer
         // in flight; read (and drop) a bounded amount first, briefly.
-        let mut stream = reader.into_inner();
+        let mut stream = reader.into_inner().inner;
         let _ = stream.shutdown(std::net::Shutdown::Write);
         let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
         let _ = std::io::copy(&mut (&mut stream).take(1 << 20), &mut std::io::sink());

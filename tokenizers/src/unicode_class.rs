@@ -189,6 +189,7 @@ mod tests {
         // Assigned after Hugging Face's table (issue 10): HF treats them as letters, so must we.
         assert!(!is_bert_punctuation('\u{2e44}') && !is_bert_punctuation('\u{2e69}'));
         assert!(!is_nonspacing_mark('\u{1dfa}'));
-        assert!(is_bert_punctuation('\u{2e3b}') && is_nonspacing_mark('\u{1df5}')); // in its table
+        assert!(is_bert_punctuation('\u{2e3b}') && is_nonspacing_mark('\u{1df5}'));
+        // in its table
     }
 }
