@@ -189,6 +189,11 @@ pub struct PretrainArgs {
     /// Extra `<extra_id_i>` tokens of the BERT WordPiece tokenizers.
     #[arg(long)]
     pub vocab_extra_ids: Option<usize>,
+    /// Megatron's flag for its Hugging Face based tokenizers: text-to-ids without special
+    /// tokens. Here it only enters the dataset cache's tokenizer description (so the cache
+    /// names match Megatron's); `preprocess` takes it to skip BERT's `[CLS] … [SEP]`.
+    #[arg(long)]
+    pub tokenizer_hf_no_include_special_tokens: bool,
     /// Vocabulary size for `--mock-data` / `NullTokenizer`.
     #[arg(long)]
     pub vocab_size: Option<usize>,

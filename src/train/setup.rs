@@ -66,7 +66,13 @@ pub fn build_trainer_with_comm(
     let tokenizer_description = cfg.tokenizer_type.as_deref().and_then(|t| {
         let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
         let (vocab, merge) = (path(&a.vocab_file), path(&a.merge_file));
-        megatron_datasets::TokenizerDescription::for_megatron_type(t, vocab.as_deref(), merge.as_deref(), a.vocab_size)
+        megatron_datasets::TokenizerDescription::for_megatron_type_with(
+            t,
+            vocab.as_deref(),
+            merge.as_deref(),
+            a.vocab_size,
+            !a.tokenizer_hf_no_include_special_tokens,
+        )
     });
     #[cfg(not(feature = "datasets"))]
     let tokenizer_description: Option<()> = None;
