@@ -210,9 +210,27 @@ pub struct PretrainArgs {
     /// Appends every logged scalar as one JSON line to this file (megatron-rs).
     #[arg(long)]
     pub metrics_jsonl: Option<PathBuf>,
-    /// Megatron prints TFLOP/s only with this flag; megatron-rs always prints it.
+    /// Megatron prints TFLOP/s only with this flag; megatron-rs always prints it. TensorBoard
+    /// gets `throughput` only with it and --log-timers-to-tensorboard (as Megatron).
     #[arg(long)]
     pub log_throughput: bool,
+    /// Write TensorBoard scalars every N iterations.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tensorboard_log_interval: u64,
+    /// Write `iteration-time` (and `throughput` with --log-throughput, `tokens-per-second`)
+    /// to TensorBoard.
+    #[arg(long)]
+    pub log_timers_to_tensorboard: bool,
+    /// Do not write `loss-scale` to TensorBoard (Megatron writes it by default).
+    #[arg(long = "no-log-loss-scale-to-tensorboard", alias = "disable-log-loss-scale-to-tensorboard",
+          action = clap::ArgAction::SetFalse)]
+    pub log_loss_scale_to_tensorboard: bool,
+    /// Write `lm loss validation ppl` to TensorBoard.
+    #[arg(long)]
+    pub log_validation_ppl_to_tensorboard: bool,
+    /// Write `world-size` to TensorBoard.
+    #[arg(long)]
+    pub log_world_size_to_tensorboard: bool,
 
     // ---- megatron-rs specific -----------------------------------------------------------
     /// Compute backend plugin (`megatron list --kind backend`).

@@ -30,6 +30,13 @@ pub struct TokenizerArgs {
     /// Extra `<extra_id_i>` tokens of the BERT WordPiece tokenizers.
     #[arg(long)]
     pub vocab_extra_ids: Option<usize>,
+    /// Megatron's flag for its Hugging Face based tokenizers: text-to-ids without special
+    /// tokens. `preprocess` then skips BERT's `[CLS] … [SEP]` wrap (current Megatron wraps by
+    /// default; the legacy tool did not); in `pretrain` it only enters the dataset cache's
+    /// tokenizer description, so the cache names match Megatron's.
+    #[arg(long)]
+    #[serde(default)]
+    pub tokenizer_hf_no_include_special_tokens: bool,
 }
 
 impl TokenizerArgs {

@@ -125,3 +125,44 @@ fn pretrain_on_a_cached_blend_and_on_per_split_paths() -> anyhow::Result<()> {
     assert!(err.contains("exactly one data source"), "{err}");
     Ok(())
 }
+
+/// Issue 10: the cache is named by Megatron-LM main's tokenizer description, including
+/// `include_special_tokens` from --tokenizer-hf-no-include-special-tokens.
+#[test]
+fn cache_description_is_megatron_mains_and_follows_the_special_tokens_flag() -> anyhow::Result<()> {
+    let Some(data) = common::shared_data() else { return Ok(()) };
+    let vocab = data.join("bert-base-uncased/vocab.txt");
+    let dir = tempfile::tempdir()?;
+    let a = dir.path().join("a_text_document");
+    write_small(&a, 120, 0)?;
+    for (flag, want) in [
+        ("", "\"include_special_tokens\": \"True\""),
+        ("--tokenizer-hf-no-include-special-tokens", "\"include_special_tokens\": \"False\""),
+    ] {
+        let cache = dir.path().join(format!("cache{}", flag.len()));
+        let mut flags: Vec<String> = data_flags(&format!(
+            "--data-path {} --split 90,5,5 --data-cache-path {} --vocab-file {} {flag}",
+            a.display(),
+            cache.display(),
+            vocab.display()
+        ));
+        // BERT instead of the Null tokenizer (and without its --vocab-size).
+        let pos = flags.iter().position(|f| f == "--vocab-size").expect("tiny flags set --vocab-size");
+        flags.drain(pos..pos + 2);
+        let t = flags.iter().position(|f| f == "NullTokenizer").expect("data_flags set NullTokenizer");
+        flags[t] = "BertWordPieceLowerCase".into();
+        common::pretrain(&flags)?;
+        let desc = std::fs::read_dir(&cache)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.to_string_lossy().ends_with("-GPTDataset-train-description.txt"))
+            .ok_or_else(|| anyhow::anyhow!("no description written"))?;
+        let text = std::fs::read_to_string(desc)?;
+        assert!(
+            text.contains("\"class\": \"megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText\""),
+            "{text}"
+        );
+        assert!(text.contains("\"tokenizer_path\": \"BertWordPieceLowerCase\""), "{text}");
+        assert!(text.contains(want), "{text}");
+    }
+    Ok(())
+}

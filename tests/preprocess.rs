@@ -293,7 +293,45 @@ fn other_tokenizers_get_only_the_flags_given() -> Result<()> {
     let ds = IndexedDataset::open(&summary.outputs[0])?;
     assert_eq!(ds.dtype(), megatron_datasets::TokenDType::U16);
     assert_eq!(ds.document_indices(), [0, 2]);
-    let want: Vec<i64> = tokenizer.encode("It is late.")?.into_iter().map(i64::from).collect();
-    assert_eq!(ds.sequence(1)?, want);
+    // Current Megatron wraps every tokenizer call (here each sentence) in [CLS] … [SEP].
+    let plain: Vec<i64> = tokenizer.encode("It is late.")?.into_iter().map(i64::from).collect();
+    let wrapped: Vec<i64> = [101].into_iter().chain(plain.iter().copied()).chain([102]).collect();
+    assert_eq!(ds.sequence(1)?, wrapped);
+    // --tokenizer-hf-no-include-special-tokens turns it off.
+    let summary = preprocess(&common::flags(&format!(
+        "--input {} --output-prefix {} --tokenizer-type BertWordPieceLowerCase --vocab-file {} --split-sentences \
+         --tokenizer-hf-no-include-special-tokens",
+        s(&input),
+        s(&dir.path().join("bert_plain")),
+        s(&vocab)
+    )))?;
+    assert_eq!(IndexedDataset::open(&summary.outputs[0])?.sequence(1)?, plain);
+    Ok(())
+}
+
+/// Whole documents against Hugging Face `tokenizers` with special tokens (the shared golden
+/// `tokenizer_stress.bert_uncased_special.jsonl`, made with `tokenizer(text).input_ids`).
+#[test]
+fn bert_documents_match_hugging_face_with_special_tokens() -> Result<()> {
+    let Some(data) = common::shared_data() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let summary = preprocess(&common::flags(&format!(
+        "--input {} --output-prefix {} --tokenizer-type BertWordPieceLowerCase --vocab-file {}",
+        s(&data.join("tokenizer_stress.jsonl")),
+        s(&dir.path().join("bert")),
+        s(&data.join("bert-base-uncased/vocab.txt"))
+    )))?;
+    let ds = IndexedDataset::open(&summary.outputs[0])?;
+    let golden = std::fs::read_to_string(data.join("golden/tokenizer_stress.bert_uncased_special.jsonl"))?;
+    let mut n = 0;
+    for (i, line) in golden.lines().enumerate() {
+        let want: Vec<i64> = serde_json::from_str::<serde_json::Value>(line)?["ids"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_i64()).collect())
+            .unwrap_or_default();
+        assert_eq!(ds.sequence(i)?, want, "document {i}");
+        n += 1;
+    }
+    assert_eq!(n, ds.len());
     Ok(())
 }

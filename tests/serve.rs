@@ -79,6 +79,8 @@ fn good_request_errors_concurrency_and_disconnects() {
         (json!({"prompts": ["1"], "bogus": true}), "unknown field"),
         (json!({"prompts": ["1"], "top_k": 2, "top_p": 0.5}), "cannot set both"),
         (json!({"prompts": ["1"], "temperature": -1}), "temperature must be"),
+        // > 0 as f64 but 0 as f32: refused, not answered with garbage (issue 10).
+        (json!({"prompts": ["1"], "temperature": 1e-300}), "for greedy decoding set top_k=1"),
         (json!({"prompts": ["1"], "tokens_to_generate": 0}), "implies logprobs"),
         (json!({"prompts": ["1"], "beam_width": 2}), "Beam search is no longer supported."),
         (json!({"prompts": ["1 2 3"], "tokens_to_generate": 46}), "exceeds the model's context"),
@@ -88,6 +90,8 @@ fn good_request_errors_concurrency_and_disconnects() {
         let (status, r) = put(addr, &body);
         assert_eq!(status, 400, "{body} -> {r}");
         assert!(r["error"].as_str().unwrap_or("").contains(want), "{body} -> {r}");
+        // Megatron's CLI reads `message`; both keys carry the text.
+        assert_eq!(r["message"], r["error"], "{body} -> {r}");
     }
     let (status, text) = request(addr, "PUT", "/api", "{not json");
     assert!(status == 400 && text.contains("not valid JSON"), "{text}");

@@ -106,6 +106,19 @@ impl BlendedDataset {
         sizing: BlendSize,
         cache_dir: Option<&Path>,
     ) -> Result<BlendedDataset> {
+        Self::new_with_legacy(datasets, component_descriptions, None, split, sizing, cache_dir)
+    }
+
+    /// As [`Self::new`]; `legacy_descriptions` (the components described with their
+    /// tokenizers' legacy form) name the cache files to read when only they exist.
+    pub fn new_with_legacy(
+        datasets: Vec<Arc<dyn Dataset>>,
+        component_descriptions: Vec<PyValue>,
+        legacy_descriptions: Option<Vec<PyValue>>,
+        split: &str,
+        sizing: BlendSize,
+        cache_dir: Option<&Path>,
+    ) -> Result<BlendedDataset> {
         if datasets.is_empty() || datasets.len() >= 32767 {
             bail!("a blend needs between 1 and 32766 datasets, got {}", datasets.len());
         }
@@ -128,15 +141,27 @@ impl BlendedDataset {
         if n_weights != datasets.len() {
             bail!("the {split} blend has {} datasets but {n_weights} weights", datasets.len());
         }
-        let description = PyValue::dict([
-            ("class", PyValue::str("BlendedDataset")),
-            ("datasets", PyValue::List(component_descriptions)),
-            ("split", PyValue::str(split)),
-            ("weights", weights_value.clone()),
-            ("size", size_value),
-        ])
-        .dumps_indent4();
-        let hash = md5_hex(description.as_bytes());
+        let describe = |components: Vec<PyValue>| {
+            let text = PyValue::dict([
+                ("class", PyValue::str("BlendedDataset")),
+                ("datasets", PyValue::List(components)),
+                ("split", PyValue::str(split)),
+                ("weights", weights_value.clone()),
+                ("size", size_value.clone()),
+            ])
+            .dumps_indent4();
+            let hash = md5_hex(text.as_bytes());
+            (text, hash)
+        };
+        let (mut description, mut hash) = describe(component_descriptions);
+        if let (Some(dir), Some(legacy)) = (cache_dir, legacy_descriptions) {
+            let (old_text, old_hash) = describe(legacy);
+            let base = |h: &str| format!("{h}-BlendedDataset-{split}");
+            let picked = crate::cache::pick_name(dir, (&description, base(&hash)), Some((&old_text, base(&old_hash))));
+            if picked.1 != base(&hash) {
+                (description, hash) = (old_text.clone(), old_hash);
+            }
+        }
         let n_components = datasets.len();
         let entry = CacheEntry {
             dir: cache_dir,

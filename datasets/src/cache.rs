@@ -40,6 +40,21 @@ pub struct CacheEntry<'a> {
     pub arrays: &'a [&'a str],
 }
 
+/// Whether `dir` holds the description file of the cache item named `base` (used to prefer
+/// caches written under a legacy name when none exists under the current one).
+pub fn has_description(dir: &Path, base: &str) -> bool {
+    dir.join(format!("{base}-description.txt")).is_file()
+}
+
+/// Of a current and a legacy `(description, base)`, the one to use in `dir`: the legacy one only
+/// when its files exist and the current one's do not.
+pub fn pick_name<'a>(dir: &Path, current: (&'a str, String), legacy: Option<(&'a str, String)>) -> (&'a str, String) {
+    match legacy {
+        Some(old) if !has_description(dir, &current.1) && has_description(dir, &old.1) => old,
+        _ => current,
+    }
+}
+
 impl CacheEntry<'_> {
     pub fn description_path(&self, dir: &Path) -> PathBuf {
         dir.join(format!("{}-description.txt", self.base))

@@ -232,7 +232,7 @@ fn description_is_pythons_json_and_names_the_files() -> anyhow::Result<()> {
     let cache = dir.path().join("cache");
     let mut b = builder(&p, CachePolicy::Dir(cache.clone()), [Some(30), Some(4), Some(2)])?;
     b.split = None; // the legacy default "969, 30, 1"
-    b.tokenizer = megatron_datasets::TokenizerDescription::for_megatron_type(
+    b.tokenizer = megatron_datasets::TokenizerDescription::legacy_for_megatron_type(
         "GPT2BPETokenizer",
         Some("gpt2-vocab.json"),
         Some("gpt2-merges.txt"),
@@ -253,5 +253,49 @@ fn description_is_pythons_json_and_names_the_files() -> anyhow::Result<()> {
     let hash = megatron_datasets::md5::md5_hex(want.as_bytes());
     let desc_file = cache.join(format!("{hash}-GPTDataset-train-description.txt"));
     assert_eq!(std::fs::read_to_string(desc_file)?, want);
+    Ok(())
+}
+
+/// Issue 10: the current (Megatron-LM main) tokenizer description names new caches; caches
+/// written under the legacy name are still read, not rebuilt beside them.
+#[test]
+fn current_tokenizer_description_names_caches_and_legacy_caches_are_reused() -> anyhow::Result<()> {
+    use megatron_datasets::cache::CacheStatus;
+    use megatron_datasets::TokenizerDescription;
+    let dir = tempfile::tempdir()?;
+    let prefix = dir.path().join("D_text_document");
+    write_docs(&prefix, &sizes(), 0)?;
+    let p = prefix.to_string_lossy().into_owned();
+    let args = ("GPT2BPETokenizer", Some("gpt2-vocab.json"), Some("gpt2-merges.txt"), None);
+    let files = |d: &std::path::Path| -> anyhow::Result<Vec<String>> {
+        let mut v: Vec<String> = std::fs::read_dir(d)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()?;
+        v.sort();
+        Ok(v)
+    };
+    // A cache written under the legacy name ...
+    let old_cache = dir.path().join("old");
+    let mut b = builder(&p, CachePolicy::Dir(old_cache.clone()), [Some(30), Some(4), Some(2)])?;
+    b.tokenizer = TokenizerDescription::legacy_for_megatron_type(args.0, args.1, args.2, args.3);
+    let first = b.build()?;
+    assert_eq!(gpt(&first[0])?.cache_status(), CacheStatus::Built);
+    let before = files(&old_cache)?;
+    // ... is read by a build described with the current form, which writes nothing new.
+    b.tokenizer = TokenizerDescription::for_megatron_type(args.0, args.1, args.2, args.3);
+    let again = b.build()?;
+    assert_eq!(gpt(&again[0])?.cache_status(), CacheStatus::Hit);
+    assert_eq!(files(&old_cache)?, before);
+    assert_eq!(all(gpt(&again[0])?)?, all(gpt(&first[0])?)?);
+    // A fresh cache is named by the current form (its text holds Megatron main's class).
+    let new_cache = dir.path().join("new");
+    b.cache = CachePolicy::Dir(new_cache.clone());
+    let fresh = b.build()?;
+    assert_eq!(gpt(&fresh[0])?.cache_status(), CacheStatus::Built);
+    let text = gpt(&fresh[0])?.description().map(|d| d.dumps_indent4()).unwrap_or_default();
+    assert!(text.contains("megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText"), "{text}");
+    let hash = megatron_datasets::md5::md5_hex(text.as_bytes());
+    assert!(new_cache.join(format!("{hash}-GPTDataset-train-description.txt")).is_file());
+    assert!(files(&new_cache)?.iter().all(|f| !before.contains(f)), "{:?}", files(&new_cache)?);
     Ok(())
 }

@@ -48,6 +48,12 @@ pub fn sampling_from(temperature: f32, top_k: usize, top_p: f32) -> Result<Sampl
     if !(temperature > 0.0 && temperature <= 100.0) {
         bail!("--temperature must be in (0, 100], got {temperature}");
     }
+    if temperature < f32::MIN_POSITIVE {
+        bail!(
+            "--temperature {temperature:e} is too small (below {:e}); for greedy decoding use --top-k 1",
+            f32::MIN_POSITIVE
+        );
+    }
     if top_k > 1000 {
         bail!("--top-k must be in [0, 1000], got {top_k}");
     }

@@ -97,6 +97,11 @@ pub fn candidates(logits: &[f32], params: &SamplingParams, top_p: f32) -> Vec<(u
 
 fn softmax(x: &[f64]) -> Vec<f64> {
     let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    if !max.is_finite() {
+        // +inf (or all -inf / NaN) logits: `v - max` would be NaN. All the mass goes to the
+        // first largest entry (the inputs are sorted, so that is the argmax): never NaN.
+        return (0..x.len()).map(|i| if i == 0 { 1.0 } else { 0.0 }).collect();
+    }
     let e: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
     let z: f64 = e.iter().sum();
     e.into_iter().map(|v| v / z).collect()
@@ -164,6 +169,18 @@ mod tests {
         let mass: f64 = c.iter().map(|x| full[x.0]).sum();
         let without_last: f64 = c[..c.len() - 1].iter().map(|x| full[x.0]).sum();
         assert!(mass >= 0.9 && without_last < 0.9, "{mass} {without_last}");
+    }
+
+    #[test]
+    fn tiny_temperature_and_infinite_logits_stay_finite() {
+        let p = SamplingParams { temperature: f32::MIN_POSITIVE, ..Default::default() };
+        let c = candidates(&[1e30, -3e38, 2.0, 1e30 * 1.5], &p, 0.0);
+        assert!(c.iter().all(|&(_, q)| q.is_finite()), "{c:?}");
+        assert_eq!(c[0], (3, 1.0));
+        let c = candidates(&[f32::INFINITY, 0.0, 1.0], &SamplingParams::default(), 0.0);
+        assert_eq!((c[0], c[1].1, c[2].1), ((0, 1.0), 0.0, 0.0));
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        assert_eq!(sample(&[0.0, 5.0, 1.0], &p, 0.0, &mut rng), 1);
     }
 
     #[test]

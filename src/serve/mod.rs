@@ -1,6 +1,7 @@
 //! `megatron serve`: Megatron's REST text-generation server (SPEC §8.1) — `PUT /api` and
 //! `GET /health` — over a checkpoint. Loopback by default.
 
+pub mod http;
 pub mod request;
 pub mod server;
 

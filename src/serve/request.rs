@@ -5,6 +5,9 @@
 use crate::generate::SamplingParams;
 use serde_json::{Map, Value};
 
+/// The smallest accepted temperature: the smallest normal `f32` (the sampler's type).
+pub const MIN_TEMPERATURE: f32 = f32::MIN_POSITIVE;
+
 /// Megatron's limit on prompts per request.
 pub const MAX_PROMPTS: usize = 128;
 
@@ -105,9 +108,20 @@ pub fn parse(body: &[u8]) -> Result<ApiRequest, String> {
     if tokens_to_generate == 0 && !logprobs {
         return Err("tokens_to_generate=0 implies logprobs should be True".into());
     }
+    // Checked in f32, the type the sampler uses: 1e-300 is > 0 as f64 but 0.0 as f32, and
+    // dividing the logits by it gave garbage. Too-small values are rejected, not made greedy,
+    // so the client learns that its setting did not do what it asked for.
     let temperature = number(&m, "temperature", 1.0)?.unwrap_or(1.0);
     if !(temperature > 0.0 && temperature <= 100.0) {
         return Err("temperature must be a positive number less than or equal to 100.0".into());
+    }
+    let temperature = temperature as f32;
+    if temperature < MIN_TEMPERATURE {
+        return Err(format!(
+            "temperature {} is too small (below {MIN_TEMPERATURE:e}, the smallest normal 32-bit float); \
+             for greedy decoding set top_k=1",
+            m["temperature"]
+        ));
     }
     let top_k = match integer(&m, "top_k")? {
         None => 0,
@@ -160,7 +174,7 @@ pub fn parse(body: &[u8]) -> Result<ApiRequest, String> {
         tokens_to_generate,
         logprobs,
         sampling: SamplingParams {
-            temperature: temperature as f32,
+            temperature,
             top_k,
             top_p: top_p as f32,
             top_p_decay: top_p_decay as f32,
@@ -209,6 +223,11 @@ mod tests {
             "tokens_to_generate=0 implies logprobs should be True"
         );
         assert!(err(r#"{"prompts": ["x"], "temperature": 0}"#).starts_with("temperature must be"));
+        for tiny in ["1e-300", "1e-39", "5e-45"] {
+            let e = err(&format!(r#"{{"prompts": ["x"], "temperature": {tiny}}}"#));
+            assert!(e.contains("too small") && e.contains("top_k=1"), "{e}");
+        }
+        assert_eq!(parse(br#"{"prompts": ["x"], "temperature": 1.2e-38}"#).unwrap().sampling.temperature, 1.2e-38);
         assert!(err(r#"{"prompts": ["x"], "top_k": 1001}"#).starts_with("top_k must be"));
         assert_eq!(
             err(r#"{"prompts": ["x"], "top_k": 5, "top_p": 0.5}"#),

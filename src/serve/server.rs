@@ -4,22 +4,21 @@
 //! queued requests that share every generation setting (and set no `random_seed`) into one
 //! static batch of up to `max_batch_prompts` prompts, so concurrent clients share the
 //! decoding steps. A failed request never stops the server: errors become HTTP 400 JSON.
+//! HTTP itself is [`super::http`]: bounded, one request per connection.
 
+use super::http::{read_request, write_json, Deadline, Limits, Request};
 use super::request::{parse, ApiRequest};
 use crate::generate::{GenerationParams, Generator, LoadedModel};
 use anyhow::{anyhow, Result};
 use megatron_core::Tokenizer;
 use serde_json::{json, Value};
 use std::io::Read;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use tiny_http::{Header, Method, Response, Server};
-
-/// Largest accepted request body; bigger ones get a 400 without being read.
-pub const MAX_BODY_BYTES: usize = 4 << 20;
+use std::time::Duration;
 
 /// Server settings besides the model.
 #[derive(Clone, Debug)]
@@ -51,7 +50,6 @@ struct Job {
 /// A running server; [`ServerHandle::shutdown`] stops it (also on drop).
 pub struct ServerHandle {
     addr: SocketAddr,
-    server: Arc<Server>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -75,9 +73,8 @@ impl ServerHandle {
 
     fn stop_threads(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for _ in 0..self.threads.len() {
-            self.server.unblock();
-        }
+        // Wakes the accept loop, which then sees `stop` and closes the connection queue.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -90,11 +87,15 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Binds `host:port` (port 0 = any free port) and starts the HTTP and model threads.
+/// Binds `host:port` (port 0 = any free port) and starts the accept, HTTP and model threads.
 pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> Result<ServerHandle> {
-    let server =
-        Arc::new(Server::http(format!("{host}:{port}")).map_err(|e| anyhow!("cannot listen on {host}:{port}: {e}"))?);
-    let addr = server.server_addr().to_ip().ok_or_else(|| anyhow!("server is not bound to an IP address"))?;
+    let listener =
+        TcpListener::bind(format!("{host}:{port}")).map_err(|e| anyhow!("cannot listen on {host}:{port}: {e}"))?;
+    let mut addr = listener.local_addr()?;
+    if addr.ip().is_unspecified() {
+        // Shutdown wakes the accept loop by connecting to it.
+        addr.set_ip(if addr.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = channel::<Job>();
     let tokenizer = loaded.tokenizer.clone();
@@ -113,18 +114,36 @@ pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> 
     threads.push(std::thread::Builder::new().name("megatron-model".into()).spawn(move || {
         model_loop(loaded, rx, max_batch, model_stop);
     })?);
-    for i in 0..opts.http_threads.max(1) {
-        let (server, ctx, stop) = (server.clone(), ctx.clone(), stop.clone());
-        threads.push(std::thread::Builder::new().name(format!("megatron-http-{i}")).spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                match server.recv() {
-                    Ok(req) => handle(req, &ctx),
-                    Err(_) => break,
-                }
+    // Accepted connections wait in a bounded queue; when it is full the accept loop waits and
+    // the kernel's backlog holds further clients (no unbounded growth under a flood).
+    let n_http = opts.http_threads.max(1);
+    let (conn_tx, conn_rx) = sync_channel::<TcpStream>(4 * n_http);
+    let conn_rx = Arc::new(Mutex::new(conn_rx));
+    for i in 0..n_http {
+        let (conn_rx, ctx) = (conn_rx.clone(), ctx.clone());
+        threads.push(std::thread::Builder::new().name(format!("megatron-http-{i}")).spawn(move || loop {
+            let next = conn_rx.lock().map_err(|_| ()).and_then(|rx| rx.recv().map_err(|_| ()));
+            match next {
+                Ok(stream) => serve_connection(stream, &ctx),
+                Err(()) => return,
             }
         })?);
     }
-    Ok(ServerHandle { addr, server, stop, threads })
+    let accept_stop = stop.clone();
+    threads.push(std::thread::Builder::new().name("megatron-accept".into()).spawn(move || {
+        for stream in listener.incoming() {
+            if accept_stop.load(Ordering::SeqCst) {
+                return; // dropping `conn_tx` ends the HTTP threads
+            }
+            // Errors here (e.g. too many open files) concern one connection only.
+            if let Ok(stream) = stream {
+                if conn_tx.send(stream).is_err() {
+                    return;
+                }
+            }
+        }
+    })?);
+    Ok(ServerHandle { addr, stop, threads })
 }
 
 /// What the HTTP threads share.
@@ -138,45 +157,52 @@ struct HttpContext {
     opts: ServeOptions,
 }
 
-fn json_response(status: u16, body: &Value) -> Response<std::io::Cursor<Vec<u8>>> {
-    let header = Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("static header is valid");
-    Response::from_string(body.to_string()).with_status_code(status).with_header(header)
+/// Megatron's server answers errors as `{"message": ...}` (its CLI reads `['message']`);
+/// ours used `{"error": ...}`: both keys carry the same text.
+pub fn error_body(message: &str) -> Value {
+    json!({ "error": message, "message": message })
 }
 
-fn handle(mut req: tiny_http::Request, ctx: &HttpContext) {
+/// One request on one connection, answered, then the connection is closed.
+fn serve_connection(stream: TcpStream, ctx: &HttpContext) {
+    let limits = Limits::default();
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_nodelay(true);
+    let Ok(write_half) = stream.try_clone() else { return };
+    let mut writer = std::io::BufWriter::new(write_half);
+    let mut reader = std::io::BufReader::with_capacity(8 << 10, Deadline::new(stream, limits.request_deadline));
     let t0 = std::time::Instant::now();
-    let url = req.url().to_string();
-    let (status, body, log) = match (req.method(), url.as_str()) {
-        (Method::Get, "/health") => (200, json!({ "status": "ok" }), None),
-        (Method::Put, "/api") | (Method::Post, "/api") => match read_body(&mut req).and_then(|b| api(&b, ctx)) {
-            Ok((v, log)) => (200, v, log),
-            Err(e) => (400, json!({ "error": e }), None),
-        },
-        (_, "/api") | (_, "/health") => {
-            (405, json!({ "error": "method not allowed: use PUT /api or GET /health" }), None)
-        }
-        _ => (404, json!({ "error": format!("no endpoint {url}: use PUT /api or GET /health") }), None),
+    let (status, body, log) = match read_request(&mut reader, &mut writer, &limits) {
+        Ok(req) => route(&req, ctx),
+        Err(e) if e.status == 0 => return, // the client went away: nobody to answer
+        Err(e) => (e.status, error_body(&e.message), None),
     };
     if let Some(line) = log {
         println!("{line} in {:.3}s", t0.elapsed().as_secs_f64());
     }
     // A client that went away makes this fail; nothing else is affected.
-    let _ = req.respond(json_response(status, &body));
+    let _ = write_json(&mut writer, status, &body.to_string());
+    if status != 200 {
+        // Unread request bytes would make the close send a reset that can destroy the answer
+        // in flight; read (and drop) a bounded amount first, briefly.
+        let mut stream = reader.into_inner().inner;
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let _ = std::io::copy(&mut (&mut stream).take(1 << 20), &mut std::io::sink());
+    }
 }
 
-fn read_body(req: &mut tiny_http::Request) -> Result<Vec<u8>, String> {
-    if req.body_length().is_some_and(|n| n > MAX_BODY_BYTES) {
-        return Err(format!("request body larger than {MAX_BODY_BYTES} bytes"));
+fn route(req: &Request, ctx: &HttpContext) -> (u16, Value, Option<String>) {
+    match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/health") => (200, json!({ "status": "ok" }), None),
+        ("PUT", "/api") | ("POST", "/api") => match api(&req.body, ctx) {
+            Ok((v, log)) => (200, v, log),
+            Err(e) => (400, error_body(&e), None),
+        },
+        (_, "/api") | (_, "/health") => (405, error_body("method not allowed: use PUT /api or GET /health"), None),
+        (_, path) => (404, error_body(&format!("no endpoint {path:.200}: use PUT /api or GET /health")), None),
     }
-    let mut body = Vec::new();
-    req.as_reader()
-        .take(MAX_BODY_BYTES as u64 + 1)
-        .read_to_end(&mut body)
-        .map_err(|e| format!("cannot read the request body: {e}"))?;
-    if body.len() > MAX_BODY_BYTES {
-        return Err(format!("request body larger than {MAX_BODY_BYTES} bytes"));
-    }
-    Ok(body)
 }
 
 /// Validates, tokenizes, queues the job and waits for its reply.

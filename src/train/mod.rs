@@ -100,8 +100,33 @@ impl Trainer {
         Ok(())
     }
 
+    fn emit_at_step(&mut self, tag: &str, value: f64) -> Result<()> {
+        let it = self.state.iteration;
+        for s in &mut self.sinks {
+            s.scalar_at_step(tag, value, it)?;
+        }
+        Ok(())
+    }
+
+    /// Megatron's `write_args_to_tensorboard`: every argument as a text summary
+    /// `add_text(name, str(value))` at the starting iteration.
+    fn write_args(&mut self) -> Result<()> {
+        let serde_json::Value::Object(args) = serde_json::to_value(&self.cfg.args)? else { return Ok(()) };
+        let it = self.state.iteration;
+        for (name, value) in &args {
+            let text = python_str(value);
+            for s in &mut self.sinks {
+                s.text(name, &text, it)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Runs until `--train-iters`, an exit condition or a signal (SPEC §6.12).
     pub fn train(&mut self) -> Result<TrainSummary> {
+        if self.is_logging_rank() {
+            self.write_args()?;
+        }
         let args = self.cfg.args.clone();
         let gbs = self.cfg.global_batch_size;
         let start_time = Instant::now();
@@ -130,10 +155,19 @@ impl Trainer {
             summary.losses.push((self.state.iteration, step.loss));
             summary.grad_norms.push((self.state.iteration, step.grad_norm));
             let it = self.state.iteration;
-            if self.is_logging_rank() {
-                self.emit("lm loss", step.loss)?;
-                self.emit("learning-rate", step.lr)?;
+            if self.is_logging_rank() && it.is_multiple_of(args.tensorboard_log_interval) {
+                // Megatron's training_log order and flags. The learning rate is read after the
+                // scheduler stepped (the console line shows the same value).
+                self.emit("learning-rate", self.lr_schedule.lr())?;
                 self.emit("batch-size", gbs as f64)?;
+                self.emit("lm loss", step.loss)?;
+                if args.log_loss_scale_to_tensorboard {
+                    // fp32 training has no loss scaling: Megatron's scale is then 1.0.
+                    self.emit("loss-scale", 1.0)?;
+                }
+                if args.log_world_size_to_tensorboard {
+                    self.emit("world-size", self.ctx.world_size() as f64)?;
+                }
                 self.emit("grad-norm", step.grad_norm)?;
             }
             if it.is_multiple_of(args.log_interval) {
@@ -155,9 +189,15 @@ impl Trainer {
                 if self.is_logging_rank() {
                     progress.clear();
                     println!("{}", line.render(&log::timestamp()));
-                    self.emit("iteration-time", secs)?;
-                    self.emit("throughput", line.tflops)?;
-                    self.emit("tokens-per-second", (gbs * args.seq_length) as f64 / secs)?;
+                    if args.log_timers_to_tensorboard {
+                        // Timers have no "vs samples" series in Megatron.
+                        self.emit_at_step("iteration-time", secs)?;
+                        if args.log_throughput {
+                            self.emit_at_step("throughput", line.tflops)?;
+                        }
+                        // megatron-rs's own.
+                        self.emit_at_step("tokens-per-second", (gbs * args.seq_length) as f64 / secs)?;
+                    }
                     for s in &mut self.sinks {
                         s.flush()?;
                     }
@@ -232,7 +272,9 @@ impl Trainer {
         if self.is_logging_rank() {
             println!("{}", log::validation_block(label, loss));
             self.emit("lm loss validation", loss)?;
-            self.emit("lm loss validation ppl", loss.min(20.0).exp())?;
+            if self.cfg.args.log_validation_ppl_to_tensorboard {
+                self.emit("lm loss validation ppl", loss.min(20.0).exp())?;
+            }
         }
         Ok(Some(loss))
     }
@@ -244,5 +286,95 @@ impl Trainer {
             println!("{}", log::validation_block(label, loss));
         }
         Ok(())
+    }
+}
+
+/// Python's `str()` of an argument value as argparse holds it: `None`, `True`/`False`,
+/// numbers, plain strings, lists as `[a, b]` with quoted strings.
+fn python_str(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    fn repr(v: &Value) -> String {
+        match v {
+            Value::String(s) => format!("'{s}'"),
+            other => python_str(other),
+        }
+    }
+    match v {
+        Value::Null => "None".into(),
+        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() => python_float(f),
+            _ => n.to_string(),
+        },
+        Value::String(s) => s.clone(),
+        Value::Array(a) => format!("[{}]", a.iter().map(repr).collect::<Vec<_>>().join(", ")),
+        Value::Object(m) => {
+            format!("{{{}}}", m.iter().map(|(k, v)| format!("'{k}': {}", repr(v))).collect::<Vec<_>>().join(", "))
+        }
+    }
+}
+
+/// Python's `repr(float)`: the shortest round-trip digits, fixed notation for decimal exponents
+/// in `-4..16` (always with a fractional part), else `d.ddde±XX`.
+fn python_float(f: f64) -> String {
+    if !f.is_finite() {
+        return if f.is_nan() {
+            "nan".into()
+        } else if f > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        };
+    }
+    let sci = format!("{f:e}"); // shortest digits, e.g. "-1.5e-5", "3e0"
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = mantissa.strip_prefix('-').map_or(("", mantissa), |m| ("-", m));
+    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
+    if (-4..16).contains(&exp) {
+        let point = exp + 1; // digits before the decimal point
+        let (int, frac) = if point <= 0 {
+            ("0".to_string(), format!("{}{digits}", "0".repeat((-point) as usize)))
+        } else if point as usize >= digits.len() {
+            (format!("{digits}{}", "0".repeat(point as usize - digits.len())), String::new())
+        } else {
+            (digits[..point as usize].to_string(), digits[point as usize..].to_string())
+        };
+        let frac = if frac.is_empty() { "0".to_string() } else { frac };
+        format!("{sign}{int}.{frac}")
+    } else {
+        let m = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
+        format!("{sign}{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{python_float, python_str};
+    use serde_json::json;
+
+    #[test]
+    fn python_str_of_argument_values() {
+        // Expected values are CPython's str() of the same objects.
+        let cases = [
+            (3e-3, "0.003"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1.0, "1.0"),
+            (-2.5, "-2.5"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (123456.789, "123456.789"),
+            (0.95, "0.95"),
+            (1.5e-8, "1.5e-08"),
+        ];
+        for (f, want) in cases {
+            assert_eq!(python_float(f), want, "{f}");
+        }
+        assert_eq!(python_str(&json!(null)), "None");
+        assert_eq!(python_str(&json!(true)), "True");
+        assert_eq!(python_str(&json!(7)), "7");
+        assert_eq!(python_str(&json!("cosine")), "cosine");
+        assert_eq!(python_str(&json!(["a", 2])), "['a', 2]");
     }
 }

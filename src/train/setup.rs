@@ -77,11 +77,12 @@ pub fn build_trainer_with_comm(
     let tokenizer_description = cfg.tokenizer_type.as_deref().and_then(|t| {
         let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.to_string_lossy().into_owned());
         let (vocab, merge) = (path(&a.tokenizer.vocab_file), path(&a.tokenizer.merge_file));
-        megatron_datasets::TokenizerDescription::for_megatron_type(
+        megatron_datasets::TokenizerDescription::for_megatron_type_with(
             t,
             vocab.as_deref(),
             merge.as_deref(),
             a.tokenizer.vocab_size,
+            !a.tokenizer.tokenizer_hf_no_include_special_tokens,
         )
     });
     #[cfg(not(feature = "datasets"))]

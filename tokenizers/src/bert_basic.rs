@@ -12,7 +12,8 @@
 use crate::unicode_class::{
     is_bert_control, is_bert_punctuation, is_bert_whitespace, is_cjk_ideograph, is_nonspacing_mark,
 };
-use unicode_normalization::UnicodeNormalization;
+// Hugging Face's NFD (Unicode 9.0 tables), not `unicode-normalization`'s current ones.
+use unicode_normalization_alignments::UnicodeNormalization;
 
 /// Steps 1–3: writes the normalized `text` into `out` (cleared first).
 pub fn normalize(text: &str, lower_case: bool, out: &mut String) {
@@ -46,7 +47,8 @@ pub fn normalize(text: &str, lower_case: bool, out: &mut String) {
     }
     if lower_case {
         // Accents are stripped before lower-casing, in Hugging Face's order.
-        let stripped: String = out.nfd().filter(|&c| !is_nonspacing_mark(c)).flat_map(char::to_lowercase).collect();
+        let stripped: String =
+            out.nfd().map(|(c, _)| c).filter(|&c| !is_nonspacing_mark(c)).flat_map(char::to_lowercase).collect();
         *out = stripped;
     }
 }

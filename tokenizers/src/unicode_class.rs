@@ -1,10 +1,12 @@
-//! Exact Unicode character classes used by the pre-tokenizers, from the general-category table
-//! of `unicode-general-category` (Unicode 16), with an ASCII fast path because almost all text
-//! the tokenizers see is ASCII.
+//! Unicode character classes used by the pre-tokenizers, with an ASCII fast path because
+//! almost all text the tokenizers see is ASCII. GPT-2 uses the current general-category table
+//! (`unicode-general-category`, Unicode 16, like the regex engines); BERT uses the older table
+//! Hugging Face's BERT normalizer uses (`unicode_categories` 0.1.1), to give HF's ids.
 //!
 //! GPT-2 (`\p{L}`, `\p{N}`, `\s`) and BERT (whitespace, control, punctuation, CJK) use different
 //! definitions; each function says which one it implements.
 
+use unicode_categories::UnicodeCategories;
 use unicode_general_category::{get_general_category, GeneralCategory as G};
 
 /// Class bits of one char for the GPT-2 pre-tokenizer.
@@ -74,14 +76,18 @@ pub fn is_space(c: char) -> bool {
     gpt2_class(c) == SPACE
 }
 
-/// BERT whitespace: `\t`, `\n`, `\r` and `White_Space` (Hugging Face's `BertNormalizer`).
+/// BERT whitespace: `\t`, `\n`, `\r` and `White_Space` (Hugging Face's `BertNormalizer`; it
+/// also uses the standard library here).
 pub fn is_bert_whitespace(c: char) -> bool {
     c.is_whitespace()
 }
 
-/// BERT control chars, removed by "clean text": categories Cc, Cf and Co, except `\t`, `\n`,
-/// `\r` (whitespace). Unassigned code points (Cn) are kept, as Hugging Face's `BertNormalizer`
-/// does (checked over every code point against `tokenizers` 0.23).
+// The BERT classes below use `unicode_categories` 0.1.1, the table Hugging Face's
+// `BertNormalizer`/`BertPreTokenizer` use, not the current Unicode data: users compare ids
+// with HF, and code points assigned since that table differ (issue 10).
+
+/// BERT control chars, removed by "clean text": Hugging Face's `is_other` = Cc, Cf and Co of its
+/// table, except `\t`, `\n`, `\r` (whitespace). Unassigned code points (Cn) are kept.
 pub fn is_bert_control(c: char) -> bool {
     if matches!(c, '\t' | '\n' | '\r') {
         return false;
@@ -89,30 +95,21 @@ pub fn is_bert_control(c: char) -> bool {
     if c.is_ascii() {
         return c.is_ascii_control();
     }
-    matches!(get_general_category(c), G::Control | G::Format | G::PrivateUse)
+    c.is_other()
 }
 
 /// BERT punctuation: all non-alphanumeric printable ASCII (so `$`, `+`, `^`, `` ` `` count,
-/// as in the original BERT) and every `P*` category.
+/// as in the original BERT) and every `P*` category of Hugging Face's table.
 pub fn is_bert_punctuation(c: char) -> bool {
     if c.is_ascii() {
         return c.is_ascii_punctuation();
     }
-    matches!(
-        get_general_category(c),
-        G::ConnectorPunctuation
-            | G::DashPunctuation
-            | G::OpenPunctuation
-            | G::ClosePunctuation
-            | G::InitialPunctuation
-            | G::FinalPunctuation
-            | G::OtherPunctuation
-    )
+    c.is_punctuation()
 }
 
-/// Nonspacing marks (`Mn`), dropped after NFD when BERT strips accents.
+/// Nonspacing marks (`Mn` of Hugging Face's table), dropped after NFD when BERT strips accents.
 pub fn is_nonspacing_mark(c: char) -> bool {
-    !c.is_ascii() && get_general_category(c) == G::NonspacingMark
+    !c.is_ascii() && c.is_mark_nonspacing()
 }
 
 /// The CJK ideograph blocks BERT surrounds with spaces. Hangul, kana etc. are not included.
@@ -189,5 +186,10 @@ mod tests {
         assert!(is_bert_whitespace('\t') && is_bert_whitespace('\u{2028}'));
         assert!(is_nonspacing_mark('\u{301}') && !is_nonspacing_mark('e'));
         assert!(is_cjk_ideograph('中') && !is_cjk_ideograph('한') && !is_cjk_ideograph('の'));
+        // Assigned after Hugging Face's table (issue 10): HF treats them as letters, so must we.
+        assert!(!is_bert_punctuation('\u{2e44}') && !is_bert_punctuation('\u{2e69}'));
+        assert!(!is_nonspacing_mark('\u{1dfa}'));
+        assert!(is_bert_punctuation('\u{2e3b}') && is_nonspacing_mark('\u{1df5}'));
+        // in its table
     }
 }

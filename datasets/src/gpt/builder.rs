@@ -201,9 +201,15 @@ impl GptBuilder {
                 }
             };
             let descriptions = parts.iter().filter_map(|d| d.description().cloned()).collect();
+            // Components without a legacy form keep their current description in the legacy name.
+            let legacy = parts
+                .iter()
+                .any(|d| d.legacy_description().is_some())
+                .then(|| parts.iter().filter_map(|d| d.legacy_description().or(d.description()).cloned()).collect());
             let datasets = parts.iter().map(|d| d.clone() as Arc<dyn Dataset>).collect();
-            let blended = BlendedDataset::new(datasets, descriptions, SPLIT_NAMES[k], sizing, blend_dir)
-                .with_context(|| format!("building the {} blend", SPLIT_NAMES[k]))?;
+            let blended =
+                BlendedDataset::new_with_legacy(datasets, descriptions, legacy, SPLIT_NAMES[k], sizing, blend_dir)
+                    .with_context(|| format!("building the {} blend", SPLIT_NAMES[k]))?;
             out[k] = Some(BuiltSplit::Blend(Arc::new(blended)));
         }
         Ok(out)

@@ -40,6 +40,8 @@ pub struct GptDataset {
     seq_length: usize,
     indices: GptIndices,
     description: Option<PyValue>,
+    /// The description with the tokenizer's legacy form (a blend's legacy cache name).
+    legacy_description: Option<PyValue>,
     cache_status: CacheStatus,
 }
 
@@ -76,9 +78,14 @@ impl GptDataset {
             drop_last_partial: config.drop_last_partial,
         };
         let text_hash = description.map(|d| d.text_and_hash());
+        let legacy = description.and_then(|d| d.legacy());
+        let legacy_hash = legacy.as_ref().map(|d| d.text_and_hash());
+        let base = |hash: &str| format!("{hash}-GPTDataset-{}", config.split_name);
         let key = match (cache_dir, &text_hash) {
             (Some(dir), Some((text, hash))) => {
-                Some(GptCacheKey { dir, base: format!("{hash}-GPTDataset-{}", config.split_name), description: text })
+                let old = legacy_hash.as_ref().map(|(t, h)| (t.as_str(), base(h)));
+                let (description, base) = crate::cache::pick_name(dir, (text.as_str(), base(hash)), old);
+                Some(GptCacheKey { dir, base, description })
             }
             _ => None,
         };
@@ -90,6 +97,7 @@ impl GptDataset {
             seq_length: config.seq_length,
             indices,
             description: description.map(|d| d.to_value()),
+            legacy_description: legacy.map(|d| d.to_value()),
             cache_status,
         })
     }
@@ -102,6 +110,11 @@ impl GptDataset {
     /// without a description.
     pub fn description(&self) -> Option<&PyValue> {
         self.description.as_ref()
+    }
+
+    /// [`Self::description`] with the tokenizer's legacy form, when it has one.
+    pub fn legacy_description(&self) -> Option<&PyValue> {
+        self.legacy_description.as_ref()
     }
 
     /// Whether the indices came from the cache.

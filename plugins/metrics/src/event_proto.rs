@@ -20,12 +20,22 @@ pub struct ScalarValue {
     pub simple_value: f32,
 }
 
+/// A text summary as torch's `SummaryWriter.add_text` writes it: a `Summary.Value` with
+/// `metadata.plugin_data.plugin_name = "text"` and a 1-element `DT_STRING` tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TextValue {
+    /// The full tag (`add_text` appends `/text_summary`).
+    pub tag: String,
+    pub text: String,
+}
+
 /// What an event carries.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventKind {
     /// The first event of every file: `"brain.Event:2"`.
     FileVersion(String),
     Summary(Vec<ScalarValue>),
+    Text(TextValue),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +67,15 @@ impl Event {
                 }
                 put_bytes(&mut out, 5, &summary);
             }
+            EventKind::Text(t) => {
+                let mut value = Vec::new();
+                put_bytes(&mut value, 1, t.tag.as_bytes());
+                put_bytes(&mut value, 8, &text_tensor(&t.text));
+                put_bytes(&mut value, 9, &text_metadata());
+                let mut summary = Vec::new();
+                put_bytes(&mut summary, 1, &value);
+                put_bytes(&mut out, 5, &summary);
+            }
         }
         out
     }
@@ -71,12 +90,76 @@ impl Event {
                 (1, WIRE_FIXED64) => event.wall_time = f64::from_le_bytes(r.fixed::<8>()?),
                 (2, WIRE_VARINT) => event.step = r.varint()? as i64,
                 (3, WIRE_LEN) => event.kind = EventKind::FileVersion(String::from_utf8(r.len_delimited()?.to_vec())?),
-                (5, WIRE_LEN) => event.kind = EventKind::Summary(decode_summary(r.len_delimited()?)?),
+                (5, WIRE_LEN) => {
+                    let summary = r.len_delimited()?;
+                    event.kind = match decode_text(summary)? {
+                        Some(t) => EventKind::Text(t),
+                        None => EventKind::Summary(decode_summary(summary)?),
+                    }
+                }
                 _ => r.skip(wire)?,
             }
         }
         Ok(event)
     }
+}
+
+/// `TensorProto { dtype = DT_STRING (7); tensor_shape { dim { size: 1 } }; string_val: [text] }`
+/// (fields 1, 2 and 8; `TensorShapeProto.dim` = 2, `Dim.size` = 1).
+fn text_tensor(text: &str) -> Vec<u8> {
+    let mut dim = Vec::new();
+    put_key(&mut dim, 1, WIRE_VARINT);
+    put_varint(&mut dim, 1);
+    let mut shape = Vec::new();
+    put_bytes(&mut shape, 2, &dim);
+    let mut tensor = Vec::new();
+    put_key(&mut tensor, 1, WIRE_VARINT);
+    put_varint(&mut tensor, 7);
+    put_bytes(&mut tensor, 2, &shape);
+    put_bytes(&mut tensor, 8, text.as_bytes());
+    tensor
+}
+
+/// `SummaryMetadata { plugin_data { plugin_name: "text", content: TextPluginData{version: 0} } }`
+/// (the content serialises to zero bytes, and proto3 omits an empty `bytes` field).
+fn text_metadata() -> Vec<u8> {
+    let mut plugin = Vec::new();
+    put_bytes(&mut plugin, 1, b"text");
+    let mut meta = Vec::new();
+    put_bytes(&mut meta, 1, &plugin);
+    meta
+}
+
+/// The text of a `TextValue`-shaped summary, if `summary` is one.
+fn decode_text(summary: &[u8]) -> Result<Option<TextValue>> {
+    let mut r = Reader { bytes: summary, pos: 0 };
+    while let Some((field, wire)) = r.key()? {
+        if (field, wire) != (1, WIRE_LEN) {
+            r.skip(wire)?;
+            continue;
+        }
+        let (mut tag, mut text) = (String::new(), None);
+        let mut vr = Reader { bytes: r.len_delimited()?, pos: 0 };
+        while let Some((f, w)) = vr.key()? {
+            match (f, w) {
+                (1, WIRE_LEN) => tag = String::from_utf8(vr.len_delimited()?.to_vec())?,
+                (8, WIRE_LEN) => {
+                    let mut tr = Reader { bytes: vr.len_delimited()?, pos: 0 };
+                    while let Some((tf, tw)) = tr.key()? {
+                        match (tf, tw) {
+                            (8, WIRE_LEN) => text = Some(String::from_utf8(tr.len_delimited()?.to_vec())?),
+                            _ => tr.skip(tw)?,
+                        }
+                    }
+                }
+                _ => vr.skip(w)?,
+            }
+        }
+        if let Some(text) = text {
+            return Ok(Some(TextValue { tag, text }));
+        }
+    }
+    Ok(None)
 }
 
 fn decode_summary(bytes: &[u8]) -> Result<Vec<ScalarValue>> {
@@ -220,5 +303,31 @@ mod tests {
         bytes.extend_from_slice(&[0x48, 0x07]);
         assert_eq!(Event::decode(&bytes).unwrap(), e);
         assert!(Event::decode(&bytes[..bytes.len() - 5]).is_err());
+    }
+
+    #[test]
+    fn text_summary_has_torchs_layout_and_round_trips() {
+        let e = Event {
+            wall_time: 2.0,
+            step: 5,
+            kind: EventKind::Text(TextValue { tag: "lr/text_summary".into(), text: "0.1".into() }),
+        };
+        let bytes = e.encode();
+        // Summary { value { tag, tensor { dtype: 7, shape { dim { size: 1 } }, string_val },
+        // metadata { plugin_data { plugin_name: "text" } } } } in field order 1, 8, 9.
+        let mut value = vec![0x0a, 15];
+        value.extend_from_slice(b"lr/text_summary");
+        value.extend_from_slice(&[0x42, 13, 0x08, 7, 0x12, 4, 0x12, 2, 0x08, 1, 0x42, 3]);
+        value.extend_from_slice(b"0.1");
+        value.extend_from_slice(&[0x4a, 8, 0x0a, 6, 0x0a, 4]);
+        value.extend_from_slice(b"text");
+        let mut summary = vec![0x0a, value.len() as u8];
+        summary.extend_from_slice(&value);
+        let mut want = vec![0x09];
+        want.extend_from_slice(&2.0f64.to_le_bytes());
+        want.extend_from_slice(&[0x10, 5, 0x2a, summary.len() as u8]);
+        want.extend_from_slice(&summary);
+        assert_eq!(bytes, want);
+        assert_eq!(Event::decode(&bytes).unwrap(), e);
     }
 }

@@ -70,6 +70,11 @@ impl MetricsSink for JsonlSink {
         writeln!(self.out, "{line}").with_context(|| format!("jsonl metrics: cannot write to {}", self.path.display()))
     }
 
+    fn scalar_at_step(&mut self, tag: &str, value: f64, step: u64) -> Result<()> {
+        let line = serde_json::json!({ "iteration": step, "tag": tag, "value": json_number(value) });
+        writeln!(self.out, "{line}").with_context(|| format!("jsonl metrics: cannot write to {}", self.path.display()))
+    }
+
     fn flush(&mut self) -> Result<()> {
         self.out.flush().with_context(|| format!("jsonl metrics: cannot write to {}", self.path.display()))?;
         self.out.get_ref().sync_data().with_context(|| format!("jsonl metrics: cannot sync {}", self.path.display()))

@@ -3,9 +3,10 @@
 //! The file is `DIR/events.out.tfevents.{unix_secs}.{hostname}.megatron-rs`, a TFRecord
 //! stream of `Event` protos: first the `brain.Event:2` file version, then one event per
 //! scalar. Like Megatron (SPEC §6.14) every scalar is also written as "`{tag} vs samples`"
-//! with the consumed-samples count as its step.
+//! with the consumed-samples count as its step (except timers: [`MetricsSink::scalar_at_step`]).
+//! Text summaries (the run's arguments) are written as torch's `add_text` writes them.
 
-use crate::event_proto::{Event, EventKind, ScalarValue};
+use crate::event_proto::{Event, EventKind, ScalarValue, TextValue};
 use crate::tfrecord::write_record;
 use anyhow::{Context, Result};
 use megatron_core::MetricsSink;
@@ -68,6 +69,17 @@ impl MetricsSink for TensorBoardSink {
     fn scalar(&mut self, tag: &str, value: f64, step: u64, samples: u64) -> Result<()> {
         self.write_scalar(tag.to_string(), value, step)?;
         self.write_scalar(format!("{tag} vs samples"), value, samples)
+    }
+
+    fn scalar_at_step(&mut self, tag: &str, value: f64, step: u64) -> Result<()> {
+        self.write_scalar(tag.to_string(), value, step)
+    }
+
+    fn text(&mut self, tag: &str, text: &str, step: u64) -> Result<()> {
+        // torch's `SummaryWriter.add_text` stores the tag as `{tag}/text_summary`.
+        let value = TextValue { tag: format!("{tag}/text_summary"), text: text.to_string() };
+        let step = i64::try_from(step).unwrap_or(i64::MAX);
+        self.write_event(&Event { wall_time: wall_time(), step, kind: EventKind::Text(value) })
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -33,6 +33,10 @@ pub struct Encoder {
     pub keep_newlines: bool,
     /// `Some(eod)` with `--append-eod`.
     pub append_eod: Option<u32>,
+    /// `Some((cls, sep))`: every tokenizer call (a document, or a sentence with
+    /// --split-sentences) becomes `[CLS] ids [SEP]`, as current Megatron's Hugging Face based
+    /// BERT tokenizers do unless `--tokenizer-hf-no-include-special-tokens`.
+    pub wrap: Option<(u32, u32)>,
 }
 
 impl Encoder {
@@ -88,7 +92,12 @@ impl Encoder {
     fn encode_sentences(&self, sentences: &[&str]) -> Result<KeyDocument, String> {
         let mut doc = KeyDocument::default();
         for sentence in sentences {
-            let ids = self.tokenizer.encode(sentence).map_err(|e| format!("cannot tokenize the text: {e:#}"))?;
+            let mut ids = self.tokenizer.encode(sentence).map_err(|e| format!("cannot tokenize the text: {e:#}"))?;
+            if let Some((cls, sep)) = self.wrap {
+                // Empty text too becomes `[CLS] [SEP]` (Hugging Face's `tokenizer("")`).
+                ids.insert(0, cls);
+                ids.push(sep);
+            }
             if !ids.is_empty() {
                 doc.lengths.push(ids.len());
                 doc.tokens.extend_from_slice(&ids);
@@ -153,6 +162,7 @@ mod tests {
             split_sentences: split,
             keep_newlines: false,
             append_eod: Some(999),
+            wrap: None,
         }
     }
 
@@ -162,6 +172,18 @@ mod tests {
 
     fn doc(tokens: &[u32], lengths: &[usize]) -> KeyDocument {
         KeyDocument { tokens: tokens.to_vec(), lengths: lengths.to_vec() }
+    }
+
+    #[test]
+    fn bert_wrapping_surrounds_every_tokenizer_call() {
+        let mut e = encoder(InputFormat::Jsonl, true, &["text"]);
+        e.wrap = Some((101, 102));
+        e.append_eod = None;
+        let docs = e.encode(&record(r#"{"text": ["ab c", "", "dd"]}"#)).ok();
+        assert_eq!(docs, Some(vec![doc(&[101, 2, 1, 102, 101, 102, 101, 2, 102], &[4, 2, 3])]));
+        e.split_sentences = false;
+        let docs = e.encode(&record(r#"{"text": "ab c. Def"}"#)).ok();
+        assert_eq!(docs, Some(vec![doc(&[101, 2, 2, 3, 102], &[5])]));
     }
 
     #[test]

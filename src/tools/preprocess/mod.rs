@@ -177,6 +177,18 @@ pub fn run(a: &PreprocessArgs, registry: &Registry) -> Result<PreprocessSummary>
         (true, Some(eod)) => Some(eod),
         (true, None) => bail!("--append-eod: the tokenizer {tokenizer_type} has no EOD token"),
     };
+    let wrap = if tokenizer_type.starts_with("BertWordPiece") && !a.tokenizer.tokenizer_hf_no_include_special_tokens {
+        let ids = tokenizer.special_ids();
+        match (ids.cls, ids.sep) {
+            (Some(cls), Some(sep)) => Some((cls, sep)),
+            _ => bail!(
+                "the tokenizer {tokenizer_type} has no [CLS]/[SEP] ids to wrap documents in; \
+                 add them to the vocabulary or pass --tokenizer-hf-no-include-special-tokens"
+            ),
+        }
+    } else {
+        None
+    };
     let input_path = &a.input[0];
     let reader = RecordReader::open(input_path, a.input_format)?;
     let format = reader.format();
@@ -203,6 +215,7 @@ pub fn run(a: &PreprocessArgs, registry: &Registry) -> Result<PreprocessSummary>
             split_sentences: a.split_sentences,
             keep_newlines: a.keep_newlines,
             append_eod,
+            wrap,
         })
         .collect();
     // On any error the builders are dropped unfinalized: their `.tmp` files are removed and no
