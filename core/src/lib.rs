@@ -10,6 +10,7 @@ pub mod backend;
 pub mod comm;
 pub mod data;
 pub mod dtype;
+pub mod gqa;
 pub mod guarded_model;
 pub mod metrics;
 pub mod model;
@@ -25,6 +26,7 @@ pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSp
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
 pub use dtype::DType;
+pub use gqa::GqaSpec;
 pub use metrics::MetricsSink;
 pub use model::{Batch, GradsReadyHook, LossReport, Mode, Model, Param, ParamLayout, StageOutput};
 pub use optim::{LrSchedule, Optimizer, OptimizerState};

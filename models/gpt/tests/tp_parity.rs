@@ -191,3 +191,16 @@ fn tp2_matches_tp1_untied_swiglu_rmsnorm() {
     c.normalization = megatron_transformer::NormKind::RMSNorm;
     check_tp2_matches_tp1(c);
 }
+
+#[test]
+fn tp2_matches_tp1_llama_rope_gqa_no_bias() {
+    let mut c = tiny_llama_config(64, 8);
+    c.hidden_dropout = 0.1;
+    check_tp2_matches_tp1(c.clone());
+    // Qwen2's qkv bias with the other biases off, and a partial rotary with kv_channels.
+    c.add_qkv_bias = true;
+    c.kv_channels = Some(6);
+    c.rotary_percent = 2.0 / 3.0;
+    c.rotary_interleaved = true;
+    check_tp2_matches_tp1(c);
+}
