@@ -37,6 +37,29 @@ pub struct PretrainArgs {
     pub swiglu: bool,
     #[arg(long)]
     pub untie_embeddings_and_output_weights: bool,
+    /// Rotary base (theta) with `--position-embedding-type rope`.
+    #[arg(long, default_value_t = 10000.0)]
+    pub rotary_base: f32,
+    /// Fraction of each head's channels that rotate.
+    #[arg(long, default_value_t = 1.0)]
+    pub rotary_percent: f32,
+    /// Rotate adjacent channel pairs instead of the two halves.
+    #[arg(long)]
+    pub rotary_interleaved: bool,
+    /// Grouped-query attention with `--num-query-groups` key/value groups.
+    #[arg(long)]
+    pub group_query_attention: bool,
+    #[arg(long, default_value_t = 1)]
+    pub num_query_groups: usize,
+    /// Per-head size (default `--hidden-size / --num-attention-heads`).
+    #[arg(long)]
+    pub kv_channels: Option<usize>,
+    /// No biases on the linear layers (Llama).
+    #[arg(long)]
+    pub disable_bias_linear: bool,
+    /// A bias on the fused QKV projection even with `--disable-bias-linear` (Qwen2).
+    #[arg(long)]
+    pub add_qkv_bias: bool,
     #[arg(long, default_value_t = 0.02)]
     pub init_method_std: f32,
     #[arg(long, default_value_t = 0.1)]

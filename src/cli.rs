@@ -108,6 +108,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Export(crate::hf::ExportCommand::Hf(args)) => crate::hf::export::run(&args, &registry),
         #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
         Command::Import(crate::hf::ImportCommand::Hf(args)) => crate::hf::import::run(&args, &registry).map(|_| ()),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Import(crate::hf::ImportCommand::Gguf(args)) => crate::hf::gguf::run(&args, &registry).map(|_| ()),
         #[cfg(feature = "datasets")]
         Command::Preprocess(args) => crate::tools::preprocess::run(&args, &registry).map(|_| ()),
         #[cfg(feature = "datasets")]

@@ -74,7 +74,8 @@ impl TrainConfig {
         need(a.num_layers > 0, "--num-layers must be > 0".into());
         need(a.hidden_size > 0, "--hidden-size must be > 0".into());
         need(
-            a.num_attention_heads > 0 && a.hidden_size.is_multiple_of(a.num_attention_heads.max(1)),
+            a.num_attention_heads > 0
+                && (a.kv_channels.is_some() || a.hidden_size.is_multiple_of(a.num_attention_heads.max(1))),
             format!(
                 "--hidden-size {} must be divisible by --num-attention-heads {}",
                 a.hidden_size, a.num_attention_heads
@@ -231,6 +232,26 @@ impl TrainConfig {
             "position_embedding_type": a.position_embedding_type,
             "untie_embeddings_and_output_weights": a.untie_embeddings_and_output_weights,
         });
+        // Llama-family options only when set: other model plugins reject fields they do not know.
+        if let Some(m) = config.as_object_mut() {
+            if a.position_embedding_type == "rope" {
+                m.insert("rotary_base".into(), json!(a.rotary_base));
+                m.insert("rotary_percent".into(), json!(a.rotary_percent));
+                m.insert("rotary_interleaved".into(), json!(a.rotary_interleaved));
+            }
+            if a.group_query_attention {
+                m.insert("num_query_groups".into(), json!(a.num_query_groups));
+            }
+            if let Some(k) = a.kv_channels {
+                m.insert("kv_channels".into(), json!(k));
+            }
+            if a.disable_bias_linear {
+                m.insert("add_bias_linear".into(), json!(false));
+            }
+            if a.add_qkv_bias {
+                m.insert("add_qkv_bias".into(), json!(true));
+            }
+        }
         // Only when given: models without pipeline stages reject fields they do not know.
         let split = [
             ("decoder_first_pipeline_num_layers", a.decoder_first_pipeline_num_layers),

@@ -39,6 +39,7 @@
 //! * `abs_max` reports inf/NaN of the tensor's own values (an fp16 overflow shows as inf).
 //! * `copy` needs equal dtypes; `cast` converts between any float dtypes.
 
+use crate::gqa::GqaSpec;
 use crate::{DType, DeviceTensor, HostBuffer, Result};
 
 /// `C[m,n] = alpha * op(A)[m,k] · op(B)[k,n] + beta * C (+ bias[n] on every row)`.
@@ -257,6 +258,28 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// Rotates q and k in place; `inverse` applies the transpose rotation (the backward).
     fn rotary(&self, qkv: &mut DeviceTensor, spec: RotarySpec, inverse: bool) -> Result<()>;
+
+    /// Grouped-query attention: the fused `(N, ng, r+2, hn)` QKV into the per-head
+    /// `(N, ng*r, 3, hn)` the attention ops take (see [`crate::gqa`]). The default goes through
+    /// the host (exact, a copy); a backend may override it.
+    fn gqa_expand(&self, src: &DeviceTensor, dst: &mut DeviceTensor, spec: GqaSpec) -> Result<()> {
+        let s = self.to_host(src)?.to_f32_vec();
+        let mut d = vec![0.0; spec.expanded_len()];
+        crate::gqa::gqa_expand_host(&s, &mut d, spec)?;
+        let shape = dst.shape().to_vec();
+        *dst = self.from_host(HostBuffer::F32(d), &shape)?;
+        Ok(())
+    }
+    /// The backward of [`Backend::gqa_expand`]: overwrites `d_src (N, ng, r+2, hn)`, summing the
+    /// key/value gradients of each group's heads.
+    fn gqa_reduce(&self, d_dst: &DeviceTensor, d_src: &mut DeviceTensor, spec: GqaSpec) -> Result<()> {
+        let d = self.to_host(d_dst)?.to_f32_vec();
+        let mut s = vec![0.0; spec.grouped_len()];
+        crate::gqa::gqa_reduce_host(&d, &mut s, spec)?;
+        let shape = d_src.shape().to_vec();
+        *d_src = self.from_host(HostBuffer::F32(s), &shape)?;
+        Ok(())
+    }
 
     /// See [`KvCacheAttentionSpec`]: appends the new k/v to the caches, then attends. Backends
     /// that cannot decode incrementally keep this default, an error naming the backend.

@@ -12,6 +12,7 @@ pub mod data;
 pub mod dtype;
 #[cfg(target_os = "linux")]
 pub mod elf_check;
+pub mod gqa;
 pub mod guarded_model;
 pub mod metrics;
 pub mod model;
@@ -27,6 +28,7 @@ pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSp
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
 pub use dtype::DType;
+pub use gqa::GqaSpec;
 pub use metrics::MetricsSink;
 pub use model::{Batch, GradsReadyHook, LossReport, Mode, Model, Param, ParamLayout, StageOutput};
 pub use optim::{LrSchedule, Optimizer, OptimizerState};

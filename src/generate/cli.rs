@@ -41,6 +41,15 @@ pub struct GenerateArgs {
     /// Recompute the whole prefix every step instead of using the kv cache.
     #[arg(long)]
     pub no_kv_cache: bool,
+    /// Prompt a chat model: render the prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message of `--chat` (default: whatever the template adds).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// A Jinja chat template file (default: the tokenizer's `chat_template`).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// Checks the sampling flags with the server's rules (SPEC §8.1).
@@ -83,6 +92,18 @@ pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
     let sampling = sampling_from(args.temperature, args.top_k, args.top_p)?;
     let mut loaded = load_model(registry, &args.load)?;
     let tok = loaded.tokenizer.clone();
+    let prompts = if args.chat {
+        let template = super::chat::find_template(args.chat_template.as_deref(), &loaded.args)?;
+        let special = tok.special_ids();
+        let name = |id: Option<u32>| id.and_then(|i| tok.decode(&[i]).ok()).unwrap_or_default();
+        let (bos, eos) = (name(special.bos), name(special.eos));
+        prompts
+            .iter()
+            .map(|p| super::chat::render(&template, args.system.as_deref(), p, &bos, &eos))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        prompts
+    };
     let mut ids = Vec::new();
     for p in &prompts {
         let mut row: Vec<i32> = Vec::new();

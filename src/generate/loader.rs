@@ -27,6 +27,9 @@ pub struct LoadArgs {
     pub vocab_file: Option<PathBuf>,
     #[arg(long)]
     pub merge_file: Option<PathBuf>,
+    /// `tokenizer.json` (or its directory) of `--tokenizer-type HuggingFaceTokenizer`.
+    #[arg(long)]
+    pub tokenizer_model: Option<PathBuf>,
     /// Compute backend plugin.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
@@ -87,6 +90,24 @@ pub fn gpt_config_from_args(args: &Value, vocab_size: usize, padded: usize, dir:
     if let Some(b) = args["add_bias_linear"].as_bool() {
         c.add_bias_linear = b;
     }
+    if args["disable_bias_linear"].as_bool() == Some(true) {
+        c.add_bias_linear = false;
+    }
+    c.add_qkv_bias = args["add_qkv_bias"].as_bool().unwrap_or(false);
+    if let Some(p) = args["position_embedding_type"].as_str() {
+        c.position_embedding_type = p.to_string();
+    }
+    if let Some(v) = args["rotary_base"].as_f64() {
+        c.rotary_base = v as f32;
+    }
+    if let Some(v) = args["rotary_percent"].as_f64() {
+        c.rotary_percent = v as f32;
+    }
+    c.rotary_interleaved = args["rotary_interleaved"].as_bool().unwrap_or(false);
+    if args["group_query_attention"].as_bool() == Some(true) {
+        c.num_query_groups = args["num_query_groups"].as_u64().map(|v| v as usize);
+    }
+    c.kv_channels = args["kv_channels"].as_u64().map(|v| v as usize);
     c.hidden_dropout = 0.0;
     c.attention_dropout = 0.0;
     Ok(c)
@@ -171,7 +192,9 @@ pub fn tokenizer_for(registry: &Registry, flags: &LoadArgs, args: &Value) -> Res
         None if args["mock_data"].as_bool() == Some(true) => "NullTokenizer".to_string(),
         None => "GPT2BPETokenizer".to_string(),
     };
-    let config = if ty == "NullTokenizer" {
+    let config = if ty == "HuggingFaceTokenizer" {
+        json!({ "tokenizer_model": path_arg(&flags.tokenizer_model, "tokenizer_model") })
+    } else if ty == "NullTokenizer" {
         let v = args["vocab_size"].as_u64().context("NullTokenizer needs the checkpoint's --vocab-size in its args")?;
         json!({ "vocab_size": v })
     } else {

@@ -2,6 +2,7 @@
 //! kv cache ([`engine`]), rebuilding a model from a checkpoint ([`loader`]) and the
 //! `megatron generate` command ([`cli`]).
 
+pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod loader;

@@ -23,8 +23,19 @@ pub struct ExportHfArgs {
     pub out: PathBuf,
 }
 
-/// Every HF tensor of `model`: the GPT-2 name map plus `lm_head.weight` when untied.
+/// Whether `model` is Llama-shaped (RoPE, RMSNorm, SwiGLU, no linear biases): it exports as
+/// `LlamaForCausalLM` (`Qwen2ForCausalLM` with a qkv bias), otherwise as GPT-2.
+pub fn is_llama(model: &GptModel) -> bool {
+    let c = model.config();
+    c.uses_rope() && c.swiglu && !c.add_bias_linear && c.normalization == megatron_transformer::NormKind::RMSNorm
+}
+
+/// Every HF tensor of `model`: the GPT-2 name map plus `lm_head.weight` when untied, or the
+/// Llama name map.
 pub fn hf_tensors(model: &GptModel) -> Result<Vec<HfTensor>> {
+    if is_llama(model) {
+        return megatron_gpt::export_hf_llama(model);
+    }
     let mut tensors = export_hf_gpt2(model, Export::Values)?;
     if let Some(head) = &model.output_layer {
         let vocab = model.config().vocab_size;
@@ -51,6 +62,38 @@ pub fn safetensors_bytes(tensors: &[HfTensor]) -> Result<Vec<u8>> {
         .collect::<Result<Vec<_>>>()?;
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     serialize(views, &Some(meta)).map_err(|e| anyhow::anyhow!("serialising model.safetensors: {e:?}"))
+}
+
+/// The HF `config.json` of a Llama-shaped `model` (Qwen2 when it has a qkv bias).
+pub fn hf_llama_config(model: &GptModel, bos: Option<u32>, eos: i32) -> serde_json::Value {
+    let c = model.config();
+    let tc = c.transformer_config();
+    let qwen = c.add_qkv_bias;
+    json!({
+        "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+        "model_type": if qwen { "qwen2" } else { "llama" },
+        "hidden_act": "silu",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.ffn_hidden_size(),
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": tc.query_groups(),
+        "head_dim": tc.head_dim(),
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.layernorm_epsilon,
+        "rope_theta": c.rotary_base,
+        "partial_rotary_factor": c.rotary_percent,
+        "attention_bias": false,
+        "mlp_bias": false,
+        "initializer_range": c.init_method_std,
+        "attention_dropout": 0.0,
+        "use_cache": true,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "tie_word_embeddings": !c.untie_embeddings_and_output_weights,
+        "torch_dtype": "float32",
+    })
 }
 
 /// The HF `config.json` of `model` (SPEC §7.7: gelu_new is the tanh GeLU we compute).
@@ -95,8 +138,12 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     }
     let loaded = load_model(registry, &args.load)?;
     let c = loaded.model.config();
-    if c.normalization != megatron_transformer::NormKind::LayerNorm || c.swiglu || !c.add_bias_linear {
-        bail!("only GPT-2 shaped models export to GPT2LMHeadModel (LayerNorm, GeLU MLP, biases)");
+    let llama = is_llama(&loaded.model);
+    if !llama && (c.normalization != megatron_transformer::NormKind::LayerNorm || c.swiglu || !c.add_bias_linear) {
+        bail!(
+            "only GPT-2 shaped models (LayerNorm, GeLU MLP, biases) or Llama shaped ones (RoPE, RMSNorm, \
+             SwiGLU, --disable-bias-linear) export to Hugging Face"
+        );
     }
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
@@ -107,9 +154,12 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
 
     let tensors = hf_tensors(&loaded.model)?;
     write_synced(&tmp.join("model.safetensors"), &safetensors_bytes(&tensors)?)?;
-    let config = hf_config(&loaded.model, loaded.eod);
+    let bos = loaded.tokenizer.special_ids().bos;
+    let config =
+        if llama { hf_llama_config(&loaded.model, bos, loaded.eod) } else { hf_config(&loaded.model, loaded.eod) };
     write_synced(&tmp.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
-    let gen = json!({ "bos_token_id": loaded.eod, "eos_token_id": loaded.eod, "_from_model_config": true });
+    let bos = if llama { json!(bos) } else { json!(loaded.eod) };
+    let gen = json!({ "bos_token_id": bos, "eos_token_id": loaded.eod, "_from_model_config": true });
     write_synced(&tmp.join("generation_config.json"), serde_json::to_string_pretty(&gen)?.as_bytes())?;
     if loaded.tokenizer.name() == "GPT2BPETokenizer" {
         let file = |flag: &Option<PathBuf>, key: &str| -> Result<PathBuf> {
@@ -123,6 +173,23 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
         ] {
             let bytes = std::fs::read(&src).with_context(|| format!("reading tokenizer file {}", src.display()))?;
             write_synced(&tmp.join(dst), &bytes)?;
+        }
+    }
+    if loaded.tokenizer.name() == "HuggingFaceTokenizer" {
+        // tokenizer.json and tokenizer_config.json travel with the model.
+        let model_path = args
+            .load
+            .tokenizer_model
+            .clone()
+            .or_else(|| loaded.args["tokenizer_model"].as_str().map(PathBuf::from))
+            .context("the checkpoint's args name no tokenizer_model; pass --tokenizer-model")?;
+        let dir = if model_path.is_dir() { model_path } else { model_path.parent().unwrap_or(Path::new(".")).into() };
+        for name in ["tokenizer.json", "tokenizer_config.json"] {
+            if dir.join(name).is_file() {
+                let bytes =
+                    std::fs::read(dir.join(name)).with_context(|| format!("reading {}", dir.join(name).display()))?;
+                write_synced(&tmp.join(name), &bytes)?;
+            }
         }
     }
     if out.exists() {

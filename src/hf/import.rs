@@ -37,7 +37,7 @@ pub fn gpt_config_from_hf(cfg: &Value, path: &Path, divisible_by: usize) -> Resu
     }
     if let Some(t) = cfg["model_type"].as_str() {
         if t != "gpt2" {
-            bail!("{}: model_type `{t}` is not gpt2", path.display());
+            bail!("{}: model_type `{t}` is not gpt2, llama, mistral or qwen2", path.display());
         }
     }
     let act = cfg["activation_function"].as_str().unwrap_or("gelu_new");
@@ -103,6 +103,9 @@ pub fn run(args: &ImportHfArgs, registry: &Registry) -> Result<PathBuf> {
         std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {} (--hf-dir)", cfg_path.display()))?;
     let cfg: Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", cfg_path.display()))?;
+    if super::import_llama::is_llama_family(&cfg) {
+        return super::import_llama::run(dir, &cfg, &cfg_path, &args.save, args.make_vocab_size_divisible_by, registry);
+    }
     let config = gpt_config_from_hf(&cfg, &cfg_path, args.make_vocab_size_divisible_by)?;
 
     // Tokenizer files travel with the checkpoint (copied), so it does not depend on --hf-dir.

@@ -3,7 +3,9 @@
 //! `megatron_gpt::hf_gpt2`; this module handles checkpoints, configs and files.
 
 pub mod export;
+pub mod gguf;
 pub mod import;
+pub mod import_llama;
 
 use clap::Subcommand;
 
@@ -19,4 +21,6 @@ pub enum ExportCommand {
 pub enum ImportCommand {
     /// A Hugging Face GPT-2 directory to a checkpoint (iteration 0).
     Hf(import::ImportHfArgs),
+    /// A llama.cpp GGUF file (llama, mistral, qwen2) to a checkpoint with its tokenizer.
+    Gguf(gguf::ImportGgufArgs),
 }

@@ -37,7 +37,7 @@ pub fn lr_flags(cfg: &TrainConfig) -> LrFlags {
 }
 
 /// Model-shape args that must match between a checkpoint and the run loading it (SPEC §7.3).
-const SHAPE_ARGS: [&str; 7] = [
+const SHAPE_ARGS: [&str; 10] = [
     "num_layers",
     "hidden_size",
     "num_attention_heads",
@@ -45,6 +45,9 @@ const SHAPE_ARGS: [&str; 7] = [
     "max_position_embeddings",
     "make_vocab_size_divisible_by",
     "swiglu",
+    "position_embedding_type",
+    "num_query_groups",
+    "kv_channels",
 ];
 
 impl Trainer {

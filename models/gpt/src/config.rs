@@ -2,7 +2,7 @@
 //! snake_case), its validation, vocabulary padding (SPEC §3.2) and FLOPs (SPEC §6.13).
 
 use anyhow::{bail, Result};
-use megatron_transformer::{NormKind, TransformerConfig};
+use megatron_transformer::{NormKind, RotaryConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -29,6 +29,15 @@ fn default_position_embedding() -> String {
 }
 fn default_true() -> bool {
     true
+}
+fn default_rotary_base() -> f32 {
+    10000.0
+}
+fn default_one() -> f32 {
+    1.0
+}
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// GPT architecture and initialization. Defaults are Megatron's.
@@ -66,9 +75,27 @@ pub struct GptConfig {
     pub normalization: NormKind,
     #[serde(default)]
     pub swiglu: bool,
-    /// Only `learned_absolute` is implemented.
+    /// `learned_absolute` (a position table) or `rope` (rotary q/k in every attention).
     #[serde(default = "default_position_embedding")]
     pub position_embedding_type: String,
+    /// `--rotary-base`.
+    #[serde(default = "default_rotary_base")]
+    pub rotary_base: f32,
+    /// `--rotary-percent`.
+    #[serde(default = "default_one")]
+    pub rotary_percent: f32,
+    /// `--rotary-interleaved`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub rotary_interleaved: bool,
+    /// `--num-query-groups` (with `--group-query-attention`); `None` is multi-head attention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_query_groups: Option<usize>,
+    /// `--kv-channels`; `None` is `hidden_size / num_attention_heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_channels: Option<usize>,
+    /// `--add-qkv-bias`: a bias on linear_qkv even with `--disable-bias-linear`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub add_qkv_bias: bool,
     #[serde(default)]
     pub untie_embeddings_and_output_weights: bool,
     /// `false` is `--disable-bias-linear`.
@@ -110,6 +137,12 @@ impl GptConfig {
             normalization: default_norm(),
             swiglu: false,
             position_embedding_type: default_position_embedding(),
+            rotary_base: default_rotary_base(),
+            rotary_percent: 1.0,
+            rotary_interleaved: false,
+            num_query_groups: None,
+            kv_channels: None,
+            add_qkv_bias: false,
             untie_embeddings_and_output_weights: false,
             add_bias_linear: true,
             decoder_first_pipeline_num_layers: None,
@@ -138,16 +171,16 @@ impl GptConfig {
 
     /// Checks everything that does not depend on the transformer sizes' TP divisibility.
     pub fn validate(&self) -> Result<()> {
-        if self.position_embedding_type != "learned_absolute" {
+        if !matches!(self.position_embedding_type.as_str(), "learned_absolute" | "rope") {
             bail!(
-                "position_embedding_type `{}` is not implemented by the gpt model; use `learned_absolute`",
+                "position_embedding_type `{}` is not implemented by the gpt model; use `learned_absolute` or `rope`",
                 self.position_embedding_type
             );
         }
         if self.vocab_size == 0 || self.seq_length == 0 {
             bail!("vocab_size and seq_length must be >= 1");
         }
-        if self.max_position_embeddings < self.seq_length {
+        if self.max_position_embeddings < self.seq_length && !self.uses_rope() {
             bail!(
                 "max_position_embeddings {} < seq_length {}; learned absolute positions need \
                  --max-position-embeddings >= --seq-length",
@@ -159,6 +192,11 @@ impl GptConfig {
             bail!("init_method_std must be > 0, got {}", self.init_method_std);
         }
         Ok(())
+    }
+
+    /// Rotary positions instead of a learned table.
+    pub fn uses_rope(&self) -> bool {
+        self.position_embedding_type == "rope"
     }
 
     /// Global decoder layers of pipeline stage `stage` of `pp` (even or uneven split).
@@ -178,6 +216,13 @@ impl GptConfig {
             hidden_dropout: self.hidden_dropout,
             attention_dropout: self.attention_dropout,
             init_method_std: self.init_method_std,
+            num_query_groups: self.num_query_groups,
+            kv_channels: self.kv_channels,
+            rotary: self.uses_rope().then_some(RotaryConfig {
+                base: self.rotary_base,
+                percent: self.rotary_percent,
+                interleaved: self.rotary_interleaved,
+            }),
         }
     }
 
@@ -187,8 +232,12 @@ impl GptConfig {
         let (l, h, s) = (self.num_layers as f64, self.hidden_size as f64, self.seq_length as f64);
         let v = self.padded_vocab_size(tp).unwrap_or(self.vocab_size) as f64;
         let glu = if self.swiglu { 1.5 } else { 1.0 };
-        // q_ratio = 1 and g/np = 1 (no GQA, kv_channels = h/np).
-        let attn = 12.0 * l * h * h * (2.0 + s / (2.0 * h));
+        // SPEC §6.13 with q_ratio = kv_channels·np/h and g/np for GQA (both 1 for plain MHA).
+        let np = self.num_attention_heads as f64;
+        let kv = self.kv_channels.map_or(h / np, |k| k as f64);
+        let q_ratio = kv * np / h;
+        let g_ratio = self.num_query_groups.map_or(1.0, |g| g as f64 / np);
+        let attn = 12.0 * l * h * h * ((1.0 + g_ratio + s / (2.0 * h)) * q_ratio);
         let mlp = 12.0 * l * h * self.ffn_hidden_size() as f64 * glu;
         let logits = 6.0 * h * v;
         samples as f64 * s * (mlp + attn + logits)
@@ -223,8 +272,10 @@ mod tests {
         let e = serde_json::from_value::<GptConfig>(bad).unwrap_err().to_string();
         assert!(e.contains("hidden_szie"), "{e}");
         let mut c = GptConfig::new(2, 8, 2, 4, 10);
-        c.position_embedding_type = "rope".into();
+        c.position_embedding_type = "alibi".into();
         assert!(c.validate().is_err());
+        c.position_embedding_type = "rope".into();
+        c.validate().unwrap();
         let ok = serde_json::json!({"num_layers": 2, "hidden_size": 8, "num_attention_heads": 2,
             "seq_length": 4, "max_position_embeddings": 4, "vocab_size": 10, "normalization": "RMSNorm"});
         let c: GptConfig = serde_json::from_value(ok).unwrap();

@@ -175,8 +175,17 @@ fn split_of(p: &Param) -> Split {
 
 fn check_gpt2_compatible(model: &GptModel) -> Result<()> {
     let c = model.config();
-    if c.normalization != NormKind::LayerNorm || c.swiglu || !c.add_bias_linear {
-        bail!("HF GPT-2 needs normalization LayerNorm, swiglu false and add_bias_linear true");
+    if c.normalization != NormKind::LayerNorm
+        || c.swiglu
+        || !c.add_bias_linear
+        || c.uses_rope()
+        || c.num_query_groups.is_some_and(|g| g != c.num_attention_heads)
+        || c.kv_channels.is_some_and(|k| k * c.num_attention_heads != c.hidden_size)
+    {
+        bail!(
+            "HF GPT-2 needs normalization LayerNorm, swiglu false, add_bias_linear true, learned positions \
+             and plain multi-head attention (a Llama-style model exports as HF Llama)"
+        );
     }
     Ok(())
 }

@@ -53,7 +53,7 @@ impl GptModel {
     /// An empty cache for `batch` rows of up to `capacity` tokens (≤ max_position_embeddings).
     pub fn new_kv_cache(&self, batch: usize, capacity: usize) -> Result<KvCache> {
         let max = self.config().max_position_embeddings;
-        if capacity > max {
+        if capacity > max && !self.config().uses_rope() {
             bail!("a kv cache of {capacity} tokens exceeds max_position_embeddings {max}; generate fewer tokens");
         }
         Ok(KvCache {
@@ -104,7 +104,9 @@ impl GptModel {
         // Embedding at absolute positions (no dropout in inference).
         let input = self.decoder.input_mut(&step)?;
         embedding.word_embeddings.forward(&ids, input)?;
-        bk.embedding_forward(&positions, &embedding.position_embeddings.value, 0, input, true)?;
+        if let Some(pos) = &embedding.position_embeddings {
+            bk.embedding_forward(&positions, &pos.value, 0, input, true)?;
+        }
         self.decoder.forward_cached(&step, &mut cache.layers, offset, None)?;
 
         ensure_shape(bk, &mut cache.logits, &[b, tq, vocab])?;

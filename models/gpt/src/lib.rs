@@ -3,11 +3,14 @@
 //! mapping, and the `gpt` model plugin registration.
 //!
 //! GPT-2 style by default: learned absolute positions, pre-LayerNorm, GeLU (tanh), biases,
-//! embedding dropout, and the output layer tied to the word embedding.
+//! embedding dropout, and the output layer tied to the word embedding. Llama style with
+//! options: rotary positions, grouped-query attention, RMSNorm, SwiGLU, no biases (or only a
+//! qkv bias), untied output layer (`hf_llama` maps HF Llama/Mistral/Qwen2 weights).
 
 mod activation_stash;
 pub mod config;
 pub mod hf_gpt2;
+pub mod hf_llama;
 pub mod inference;
 pub mod model;
 pub mod param_shapes;
@@ -16,6 +19,7 @@ mod stage;
 
 pub use config::GptConfig;
 pub use hf_gpt2::{export_hf_gpt2, load_hf_gpt2, load_hf_gpt2_file, Export, HfTensor};
+pub use hf_llama::{export_hf_llama, load_hf_llama};
 pub use inference::KvCache;
 pub use model::GptModel;
 pub use param_shapes::{gpt_param_count, gpt_param_shapes};

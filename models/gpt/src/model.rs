@@ -90,7 +90,16 @@ impl GptModel {
         let tcfg = config.transformer_config();
         let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
         let (h, std) = (config.hidden_size, config.init_method_std);
-        let embedding = if first {
+        let embedding = if first && config.uses_rope() {
+            Some(LanguageModelEmbedding::without_positions(
+                &b,
+                "embedding",
+                vocab_padded,
+                h,
+                std,
+                config.hidden_dropout,
+            )?)
+        } else if first {
             Some(LanguageModelEmbedding::new(
                 &b,
                 "embedding",
@@ -103,7 +112,8 @@ impl GptModel {
         } else {
             None
         };
-        let layer = gpt_layer_local_spec(config.normalization, config.swiglu, config.add_bias_linear);
+        let mut layer = gpt_layer_local_spec(config.normalization, config.swiglu, config.add_bias_linear);
+        layer.self_attention.qkv_bias |= config.add_qkv_bias;
         let spec = gpt_decoder_block_spec(layer, config.num_layers);
         let decoder = TransformerBlock::new_stage(&b, provider, "decoder", &tcfg, &spec, layers.clone(), last)
             .context("building the gpt decoder")?;

@@ -48,3 +48,13 @@ fn untied_rmsnorm_swiglu_gpt_gradients_match_finite_differences() {
     // 2 embeddings + 2 x 10 layer params (RMSNorm has no bias) + final norm 1 + output layer.
     check(model, &batch(2, seq, vocab, 4), 24);
 }
+
+#[test]
+fn llama_style_gpt_gradients_match_finite_differences() {
+    let (vocab, seq) = (64, 8);
+    let mut c = tiny_llama_config(vocab, seq);
+    c.add_qkv_bias = true;
+    let model = tiny_model(c);
+    // word embedding + 2 x (2 norms, qkv weight+bias, proj, fc1, fc2) + final norm + output.
+    check(model, &batch(2, seq, vocab, 5), 17);
+}

@@ -15,8 +15,17 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn cached_decoding_matches_full_recompute() {
-    let (b, t, vocab) = (3, 11, 50);
-    let mut model = tiny_model(tiny_config(vocab, t));
+    check_cached_decoding(tiny_config(50, 11));
+}
+
+#[test]
+fn cached_llama_decoding_with_rope_and_gqa_matches_full_recompute() {
+    check_cached_decoding(tiny_llama_config(50, 11));
+}
+
+fn check_cached_decoding(c: megatron_gpt::GptConfig) {
+    let (b, t, vocab) = (3, c.seq_length, c.vocab_size);
+    let mut model = tiny_model(c);
     let tokens = batch(b, t, vocab, 5).tokens;
     let full = model.logits(&tokens, b, t).unwrap();
     let full = model.backend().to_host(&full).unwrap().to_f32_vec();

@@ -241,6 +241,15 @@ fn pp2_untied_swiglu_rmsnorm_matches_single_stage() {
 }
 
 #[test]
+fn llama_style_pp2_and_tp2_pp2_match_single_stage() {
+    let mut c = tiny_llama_config(64, 8);
+    c.num_layers = 4;
+    c.hidden_dropout = 0.1;
+    check_pipeline_matches_single_stage(&c, 1, 2, 3);
+    check_pipeline_matches_single_stage(&c, 2, 2, 2);
+}
+
+#[test]
 fn tp2_pp2_matches_single_stage() {
     let mut c = tiny_config(64, 8);
     c.num_layers = 4;

@@ -155,3 +155,16 @@ fn gpt2_vocab_padding_does_not_change_losses_tp1_vs_tp2() {
     }
     println!("GPT-2 vocab losses tp1 {reference:?} tp2 {:?}", results[0]);
 }
+
+#[test]
+fn tp2_matches_tp1_llama_rope_gqa_no_bias() {
+    let mut c = tiny_llama_config(64, 8);
+    c.hidden_dropout = 0.1;
+    check_tp2_matches_tp1(c.clone());
+    // Qwen2's qkv bias with the other biases off, and a partial rotary with kv_channels.
+    c.add_qkv_bias = true;
+    c.kv_channels = Some(6);
+    c.rotary_percent = 2.0 / 3.0;
+    c.rotary_interleaved = true;
+    check_tp2_matches_tp1(c);
+}

@@ -1,16 +1,23 @@
-//! Causal multi-head self-attention (SPEC §4.2): column-parallel `linear_qkv` → fused
-//! attention on this rank's `np/tp` heads → row-parallel `linear_proj`.
+//! Causal self-attention (SPEC §4.2): column-parallel `linear_qkv` → (grouped-query relayout)
+//! → (rotary) → fused attention on this rank's `np/tp` heads → row-parallel `linear_proj`.
 //!
-//! The `linear_qkv` weight rows are Megatron's fused layout `[np, 3, hn]` (per head its q, k
-//! and v rows), so its output viewed as `(B, T, np/tp, 3, hn)` is exactly the layout the
-//! backend's attention kernel takes; a TP shard is a contiguous range of heads.
+//! The `linear_qkv` weight rows are Megatron's fused layout `[ng, r + 2, hn]` (per query group
+//! its `r = np/ng` query heads, then the group's key and value; `r = 1` without GQA, which is
+//! `[np, 3, hn]`). A TP shard is a contiguous range of groups. Without GQA the output viewed
+//! as `(B, T, np/tp, 3, hn)` is exactly the backend attention's layout; with GQA it is first
+//! expanded to that layout (every head gets its group's k/v) and the backward sums the heads'
+//! k/v gradients back into their group (`Backend::gqa_expand`/`gqa_reduce`).
+//!
+//! Rotary embeddings (`--position-embedding-type rope`) rotate q and k of the per-head tensor
+//! in place after the relayout; the backward applies the inverse rotation (the transpose) to
+//! the q/k gradients before the relayout's backward.
 
 use crate::init::ModuleBuilder;
 use crate::linear::{LinearConfig, LinearLayer};
-use crate::spec::{SelfAttentionSpec, SpecProvider, TransformerConfig};
+use crate::spec::{RotaryConfig, SelfAttentionSpec, SpecProvider, TransformerConfig};
 use crate::step::{empty, ensure_shape, DropoutSite, ModuleScratch, StepInfo};
 use anyhow::Result;
-use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, KvCacheAttentionSpec, Param};
+use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, GqaSpec, KvCacheAttentionSpec, Param, RotarySpec};
 use std::sync::Arc;
 
 pub struct SelfAttention {
@@ -18,14 +25,17 @@ pub struct SelfAttention {
     pub linear_qkv: Box<dyn LinearLayer>,
     pub linear_proj: Box<dyn LinearLayer>,
     heads_local: usize,
+    groups_local: usize,
     head_dim: usize,
+    rotary: Option<RotaryConfig>,
     causal: bool,
     attention_dropout: f32,
     layer: usize,
     tp_rank: usize,
-    qkv: DeviceTensor,     // (B, T, np/tp, 3, hn), kept as (B, T, 3·np/tp·hn) for the linear's row sums
-    context: DeviceTensor, // (B, T, np/tp * hn)
-    lse: DeviceTensor,     // (B, np/tp, T)
+    qkv_grouped: DeviceTensor, // GQA only: (B, T, ng/tp, r+2, hn), not needed by backward
+    qkv: DeviceTensor,         // (B, T, np/tp, 3, hn) rotated, kept as (B, T, 3·np/tp·hn)
+    context: DeviceTensor,     // (B, T, np/tp * hn)
+    lse: DeviceTensor,         // (B, np/tp, T)
 }
 
 impl SelfAttention {
@@ -39,34 +49,65 @@ impl SelfAttention {
         layer: usize,
     ) -> Result<SelfAttention> {
         let h = cfg.hidden_size;
+        let (np, ng, hn) = (cfg.num_attention_heads, cfg.query_groups(), cfg.head_dim());
         let qkv_cfg = LinearConfig {
             in_features: h,
-            out_features: 3 * h,
-            bias: spec.bias,
+            out_features: (np + 2 * ng) * hn,
+            bias: spec.bias || spec.qkv_bias,
             init_std: cfg.init_method_std,
             out_chunks: 1,
         };
         let proj_cfg = LinearConfig {
-            in_features: h,
+            in_features: np * hn,
             out_features: h,
             bias: spec.bias,
             init_std: cfg.output_init_std(),
             out_chunks: 1,
         };
         let backend = b.backend.clone();
+        let bk = backend.as_ref();
         Ok(SelfAttention {
             linear_qkv: provider.column_parallel_linear(b, &format!("{prefix}.linear_qkv"), qkv_cfg)?,
             linear_proj: provider.row_parallel_linear(b, &format!("{prefix}.linear_proj"), proj_cfg)?,
-            heads_local: cfg.num_attention_heads / b.tp_size(),
-            head_dim: cfg.head_dim(),
+            heads_local: np / b.tp_size(),
+            groups_local: ng / b.tp_size(),
+            head_dim: hn,
+            rotary: cfg.rotary,
             causal: spec.causal,
             attention_dropout: cfg.attention_dropout,
             layer,
             tp_rank: b.tp_rank(),
-            qkv: empty(backend.as_ref())?,
-            context: empty(backend.as_ref())?,
-            lse: empty(backend.as_ref())?,
+            qkv_grouped: empty(bk)?,
+            qkv: empty(bk)?,
+            context: empty(bk)?,
+            lse: empty(bk)?,
             backend,
+        })
+    }
+
+    fn is_gqa(&self) -> bool {
+        self.groups_local != self.heads_local
+    }
+
+    fn gqa_spec(&self, rows: usize) -> GqaSpec {
+        GqaSpec {
+            rows,
+            groups: self.groups_local,
+            heads_per_group: self.heads_local / self.groups_local,
+            head_dim: self.head_dim,
+        }
+    }
+
+    fn rotary_spec(&self, batch: usize, seq: usize, offset: usize) -> Option<RotarySpec> {
+        self.rotary.map(|r| RotarySpec {
+            batch,
+            seq,
+            heads: self.heads_local,
+            head_dim: self.head_dim,
+            rotary_dim: (self.head_dim as f32 * r.percent) as usize,
+            base: r.base,
+            interleaved: r.interleaved,
+            position_offset: offset,
         })
     }
 
@@ -83,14 +124,34 @@ impl SelfAttention {
         }
     }
 
+    /// `self.qkv (B, T, np/tp, 3, hn)` from `x (B, T, C)`: linear, GQA expansion, rotation of
+    /// q and k at positions `offset + t`.
+    fn project_qkv(&mut self, x: &DeviceTensor, b: usize, t: usize, offset: usize) -> Result<()> {
+        let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);
+        let backend = self.backend.clone();
+        let bk = backend.as_ref();
+        ensure_shape(bk, &mut self.qkv, &[b, t, np * 3 * hn])?;
+        if self.is_gqa() {
+            ensure_shape(bk, &mut self.qkv_grouped, &[b, t, (np + 2 * ng) * hn])?;
+            self.linear_qkv.forward(x, &mut self.qkv_grouped)?;
+            let spec = self.gqa_spec(b * t);
+            bk.gqa_expand(&self.qkv_grouped, &mut self.qkv, spec)?;
+        } else {
+            self.linear_qkv.forward(x, &mut self.qkv)?;
+        }
+        if let Some(spec) = self.rotary_spec(b, t, offset) {
+            bk.rotary(&mut self.qkv, spec, false)?;
+        }
+        Ok(())
+    }
+
     /// `out (B, T, C)` = attention of `x (B, T, C)` (before the residual dropout-add).
     pub fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
         let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
+        self.project_qkv(x, b, t, 0)?;
         let backend = self.backend.as_ref();
-        ensure_shape(backend, &mut self.qkv, &[b, t, np * 3 * hn])?;
         ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
         ensure_shape(backend, &mut self.lse, &[b, np, t])?;
-        self.linear_qkv.forward(x, &mut self.qkv)?;
         let spec = self.spec(step);
         backend.attention_forward(&self.qkv, &mut self.context, &mut self.lse, spec)?;
         self.linear_proj.forward(&self.context, out)
@@ -106,18 +167,23 @@ impl SelfAttention {
         step: &StepInfo,
     ) -> Result<()> {
         let backend = self.backend.as_ref();
+        let gqa = self.is_gqa();
         ensure_shape(backend, &mut scratch.d_context, self.context.shape())?;
-        ensure_shape(backend, &mut scratch.d_qkv, self.qkv.shape())?;
         self.linear_proj.backward(&self.context, d_out, Some(&mut scratch.d_context))?;
         let spec = self.spec(step);
-        backend.attention_backward(
-            &scratch.d_context,
-            &self.qkv,
-            &self.context,
-            &self.lse,
-            &mut scratch.d_qkv,
-            spec,
-        )?;
+        // d of the per-head (rotated) qkv: straight into d_qkv without GQA.
+        let d_heads = if gqa { &mut scratch.d_qkv_heads } else { &mut scratch.d_qkv };
+        ensure_shape(backend, d_heads, self.qkv.shape())?;
+        backend.attention_backward(&scratch.d_context, &self.qkv, &self.context, &self.lse, d_heads, spec)?;
+        if let Some(rs) = self.rotary_spec(step.batch, step.seq, 0) {
+            // The rotation is orthogonal: its backward is the inverse rotation.
+            backend.rotary(d_heads, rs, true)?;
+        }
+        if gqa {
+            let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);
+            ensure_shape(backend, &mut scratch.d_qkv, &[step.batch, step.seq, (np + 2 * ng) * hn])?;
+            backend.gqa_reduce(&scratch.d_qkv_heads, &mut scratch.d_qkv, self.gqa_spec(step.tokens()))?;
+        }
         self.linear_qkv.backward(x, &scratch.d_qkv, Some(d_x))
     }
 
@@ -131,7 +197,8 @@ impl SelfAttention {
     }
 
     /// An empty key/value cache of this layer's heads for `batch` rows of up to `capacity`
-    /// tokens (inference only).
+    /// tokens (inference only). With GQA every head keeps its group's k/v (the backend's
+    /// cached attention is per head).
     pub fn new_kv_cache(&self, batch: usize, capacity: usize) -> Result<LayerKvCache> {
         let shape = [batch, capacity, self.heads_local, self.head_dim];
         let backend = self.backend.as_ref();
@@ -141,7 +208,7 @@ impl SelfAttention {
     /// Inference forward of `step.seq` new tokens per row, `x (B, Tq, C)` → `out (B, Tq, C)`:
     /// their k/v are appended to `cache` at `offset` and each query attends causally to the
     /// cached keys from `key_start[b]` on (see [`KvCacheAttentionSpec`]). No dropout, nothing
-    /// saved for backward.
+    /// saved for backward. Rotary positions are `offset + t`.
     pub fn forward_cached(
         &mut self,
         x: &DeviceTensor,
@@ -152,10 +219,9 @@ impl SelfAttention {
         step: &StepInfo,
     ) -> Result<()> {
         let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
+        self.project_qkv(x, b, t, offset)?;
         let backend = self.backend.as_ref();
-        ensure_shape(backend, &mut self.qkv, &[b, t, np * 3 * hn])?;
         ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
-        self.linear_qkv.forward(x, &mut self.qkv)?;
         let spec = KvCacheAttentionSpec {
             batch: b,
             new_tokens: t,

@@ -48,12 +48,14 @@ impl VocabParallelEmbedding {
     }
 }
 
-/// Word embedding + learned absolute position embedding, then embedding dropout
-/// (`hidden_dropout`). Megatron transposes to `[s, b, h]` here; we stay `(B, T, C)`.
+/// Word embedding + learned absolute position embedding (absent with rotary positions), then
+/// embedding dropout (`hidden_dropout`). Megatron transposes to `[s, b, h]` here; we stay
+/// `(B, T, C)`.
 pub struct LanguageModelEmbedding {
     backend: Arc<dyn Backend>,
     pub word_embeddings: VocabParallelEmbedding,
-    pub position_embeddings: Param,
+    /// `None` when positions come from elsewhere (rotary embeddings in the attention).
+    pub position_embeddings: Option<Param>,
     dropout: f32,
     position_ids: DeviceTensor, // (B*T) int32: t for every row
     d_embedding: DeviceTensor,  // (B, T, C): dropout-masked output gradient
@@ -71,14 +73,28 @@ impl LanguageModelEmbedding {
         init_std: f32,
         dropout: f32,
     ) -> Result<Self> {
-        let word_embeddings =
-            VocabParallelEmbedding::new(b, &format!("{prefix}.word_embeddings"), vocab_padded, hidden, init_std)?;
-        let position_embeddings = b.param(
+        let mut e = Self::without_positions(b, prefix, vocab_padded, hidden, init_std, dropout)?;
+        e.position_embeddings = Some(b.param(
             &format!("{prefix}.position_embeddings.weight"),
             &[max_positions, hidden],
             Split::Replicated,
             Init::Normal(init_std),
-        )?;
+        )?);
+        Ok(e)
+    }
+
+    /// Only `{prefix}.word_embeddings.weight` (`--position-embedding-type rope`/`none`).
+    pub fn without_positions(
+        b: &ModuleBuilder,
+        prefix: &str,
+        vocab_padded: usize,
+        hidden: usize,
+        init_std: f32,
+        dropout: f32,
+    ) -> Result<Self> {
+        let word_embeddings =
+            VocabParallelEmbedding::new(b, &format!("{prefix}.word_embeddings"), vocab_padded, hidden, init_std)?;
+        let position_embeddings = None;
         let backend = b.backend.clone();
         Ok(LanguageModelEmbedding {
             position_ids: backend.zeros(&[0], DType::I32)?,
@@ -91,7 +107,8 @@ impl LanguageModelEmbedding {
     }
 
     fn ensure_positions(&mut self, step: &StepInfo) -> Result<()> {
-        let max = self.position_embeddings.value.shape()[0];
+        let Some(pos) = &self.position_embeddings else { return Ok(()) };
+        let max = pos.value.shape()[0];
         if step.seq > max {
             bail!(
                 "sequence length {} exceeds max_position_embeddings {max}; raise --max-position-embeddings",
@@ -110,7 +127,9 @@ impl LanguageModelEmbedding {
         self.ensure_positions(step)?;
         // Positions are added after the vocab all-reduce so they are counted once.
         self.word_embeddings.forward(ids, out)?;
-        self.backend.embedding_forward(&self.position_ids, &self.position_embeddings.value, 0, out, true)?;
+        if let Some(pos) = &self.position_embeddings {
+            self.backend.embedding_forward(&self.position_ids, &pos.value, 0, out, true)?;
+        }
         hidden_dropout(self.backend.as_ref(), out, self.dropout, 0, DropoutSite::Embedding, step)
     }
 
@@ -120,20 +139,21 @@ impl LanguageModelEmbedding {
         ensure_shape(self.backend.as_ref(), &mut self.d_embedding, d_out.shape())?;
         self.backend.copy(d_out, &mut self.d_embedding)?;
         hidden_dropout(self.backend.as_ref(), &mut self.d_embedding, self.dropout, 0, DropoutSite::Embedding, step)?;
-        self.backend.embedding_backward(
-            &self.position_ids,
-            &self.d_embedding,
-            0,
-            &mut self.position_embeddings.grad,
-        )?;
+        if let Some(pos) = self.position_embeddings.as_mut() {
+            self.backend.embedding_backward(&self.position_ids, &self.d_embedding, 0, &mut pos.grad)?;
+        }
         self.word_embeddings.backward(ids, &self.d_embedding)
     }
 
     pub fn params(&self) -> Vec<&Param> {
-        vec![&self.word_embeddings.weight, &self.position_embeddings]
+        let mut v = vec![&self.word_embeddings.weight];
+        v.extend(self.position_embeddings.as_ref());
+        v
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        vec![&mut self.word_embeddings.weight, &mut self.position_embeddings]
+        let mut v = vec![&mut self.word_embeddings.weight];
+        v.extend(self.position_embeddings.as_mut());
+        v
     }
 }

@@ -33,7 +33,7 @@ pub use linear::{linear_backward, linear_forward, ColumnParallelLinear, LinearCo
 pub use mlp::Mlp;
 pub use norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
 pub use spec::{
-    gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, SelfAttentionSpec,
-    SpecProvider, TransformerBlockSpec, TransformerConfig, TransformerLayerSpec,
+    gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, RotaryConfig,
+    SelfAttentionSpec, SpecProvider, TransformerBlockSpec, TransformerConfig, TransformerLayerSpec,
 };
 pub use step::{BackwardScratch, DropoutSite, ModuleScratch, SavedActivations, StepInfo};

@@ -10,8 +10,20 @@ use crate::linear::{ColumnParallelLinear, LinearConfig, LinearLayer, RowParallel
 use crate::norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
 use anyhow::{bail, Result};
 
+/// Rotary position embedding of the attention's q and k (`--position-embedding-type rope`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RotaryConfig {
+    /// `--rotary-base` (theta).
+    pub base: f32,
+    /// `--rotary-percent`: the fraction of each head's channels that rotate.
+    pub percent: f32,
+    /// `--rotary-interleaved`: rotate adjacent pairs instead of the two halves.
+    pub interleaved: bool,
+}
+
 /// Sizes and hyper-parameters shared by every layer (Megatron's `TransformerConfig`).
-#[derive(Clone, Debug, PartialEq)]
+/// `Default` is all zeros/off, for `..Default::default()` in literals.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct TransformerConfig {
     pub num_layers: usize,
     pub hidden_size: usize,
@@ -23,11 +35,22 @@ pub struct TransformerConfig {
     pub attention_dropout: f32,
     /// `init_method` std; output layers (linear_proj, linear_fc2) use `std / sqrt(2 L)`.
     pub init_method_std: f32,
+    /// `--num-query-groups` with `--group-query-attention`; `None` is multi-head (ng = np).
+    pub num_query_groups: Option<usize>,
+    /// `--kv-channels` (per-head size); `None` is `hidden_size / num_attention_heads`.
+    pub kv_channels: Option<usize>,
+    /// Rotary embedding applied inside every attention (`None`: positions come from elsewhere).
+    pub rotary: Option<RotaryConfig>,
 }
 
 impl TransformerConfig {
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads
+        self.kv_channels.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Query groups `ng` (equal to the heads without GQA).
+    pub fn query_groups(&self) -> usize {
+        self.num_query_groups.unwrap_or(self.num_attention_heads)
     }
 
     /// `output_layer_init_method` std (SPEC §4.6).
@@ -41,7 +64,30 @@ impl TransformerConfig {
         if c.num_layers == 0 || c.hidden_size == 0 || c.num_attention_heads == 0 || c.ffn_hidden_size == 0 {
             bail!("num_layers, hidden_size, num_attention_heads and ffn_hidden_size must all be >= 1");
         }
-        if !c.hidden_size.is_multiple_of(c.num_attention_heads) {
+        let ng = c.query_groups();
+        if ng == 0 || !c.num_attention_heads.is_multiple_of(ng) {
+            bail!("num_attention_heads {} is not divisible by --num-query-groups {ng}", c.num_attention_heads);
+        }
+        if !ng.is_multiple_of(tp) {
+            bail!("--num-query-groups {ng} must be divisible by --tensor-model-parallel-size {tp}");
+        }
+        if let Some(r) = c.rotary {
+            let rot = (c.head_dim() as f32 * r.percent) as usize;
+            if !(r.percent > 0.0 && r.percent <= 1.0) || rot < 2 || !rot.is_multiple_of(2) {
+                bail!(
+                    "--rotary-percent {} of head_dim {} gives {rot} rotary channels; it must give an even number >= 2",
+                    r.percent,
+                    c.head_dim()
+                );
+            }
+            if !(r.base > 0.0 && r.base.is_finite()) {
+                bail!("--rotary-base must be > 0, got {}", r.base);
+            }
+        }
+        if c.kv_channels == Some(0) {
+            bail!("--kv-channels must be >= 1");
+        }
+        if c.kv_channels.is_none() && !c.hidden_size.is_multiple_of(c.num_attention_heads) {
             bail!(
                 "hidden_size {} is not divisible by num_attention_heads {}; pick sizes with hidden = heads x head_dim",
                 c.hidden_size,
@@ -78,6 +124,8 @@ pub enum Activation {
 pub struct SelfAttentionSpec {
     /// Biases on linear_qkv and linear_proj.
     pub bias: bool,
+    /// A bias on linear_qkv even without `bias` (`--add-qkv-bias`, Qwen2).
+    pub qkv_bias: bool,
     pub causal: bool,
 }
 
@@ -109,7 +157,7 @@ pub struct TransformerBlockSpec {
 pub fn gpt_layer_local_spec(norm: NormKind, swiglu: bool, bias: bool) -> TransformerLayerSpec {
     TransformerLayerSpec {
         input_layernorm: norm,
-        self_attention: SelfAttentionSpec { bias, causal: true },
+        self_attention: SelfAttentionSpec { bias, qkv_bias: bias, causal: true },
         pre_mlp_layernorm: norm,
         mlp: MlpSpec { activation: if swiglu { Activation::SwiGlu } else { Activation::GeluTanh }, bias },
     }

@@ -126,10 +126,11 @@ pub struct BackwardScratch {
 
 /// The gradient buffers inside attention and MLP.
 pub struct ModuleScratch {
-    pub d_context: DeviceTensor, // (B, T, heads/tp * head_dim)
-    pub d_qkv: DeviceTensor,     // (B, T, heads/tp, 3, head_dim)
-    pub d_act: DeviceTensor,     // (B, T, F/tp)
-    pub d_fc1: DeviceTensor,     // (B, T, F/tp), (B, T, 2F/tp) when gated
+    pub d_context: DeviceTensor,   // (B, T, heads/tp * head_dim)
+    pub d_qkv: DeviceTensor,       // (B, T, heads/tp, 3, head_dim); (B, T, ng/tp, r+2, head_dim) with GQA
+    pub d_qkv_heads: DeviceTensor, // GQA only: (B, T, heads/tp, 3, head_dim)
+    pub d_act: DeviceTensor,       // (B, T, F/tp)
+    pub d_fc1: DeviceTensor,       // (B, T, F/tp), (B, T, 2F/tp) when gated
 }
 
 impl BackwardScratch {
@@ -140,6 +141,7 @@ impl BackwardScratch {
             inner: ModuleScratch {
                 d_context: empty(backend)?,
                 d_qkv: empty(backend)?,
+                d_qkv_heads: empty(backend)?,
                 d_act: empty(backend)?,
                 d_fc1: empty(backend)?,
             },

@@ -7,8 +7,8 @@ use common::*;
 use megatron_core::{DeviceTensor, Param};
 use megatron_transformer::grad_check::{check_params, spread_indices, worst};
 use megatron_transformer::{
-    gpt_layer_local_spec, BackwardScratch, LocalSpecProvider, ModuleBuilder, NormKind, StepInfo, TransformerConfig,
-    TransformerLayer,
+    gpt_layer_local_spec, BackwardScratch, LocalSpecProvider, ModuleBuilder, NormKind, RotaryConfig, StepInfo,
+    TransformerConfig, TransformerLayer,
 };
 
 const B: usize = 2;
@@ -26,7 +26,24 @@ fn config(dropout: f32) -> TransformerConfig {
         attention_dropout: dropout,
         // Large enough that attention and GeLU are far from linear.
         init_method_std: 0.4,
+        ..Default::default()
     }
+}
+
+/// A Llama-style layer: RoPE (half of each head rotated, base 100), GQA 4 heads / 2 groups,
+/// head size 6 (`--kv-channels`, so 4·6 ≠ C), RMSNorm, SwiGLU, no biases but a qkv bias.
+fn llama_layer(b: &ModuleBuilder, dropout: f32, interleaved: bool) -> TransformerLayer {
+    let cfg = TransformerConfig {
+        num_attention_heads: 4,
+        num_query_groups: Some(2),
+        kv_channels: Some(6),
+        rotary: Some(RotaryConfig { base: 100.0, percent: 2.0 / 3.0, interleaved }),
+        ..config(dropout)
+    };
+    cfg.validate(1).unwrap();
+    let mut spec = gpt_layer_local_spec(NormKind::RMSNorm, true, false);
+    spec.self_attention.qkv_bias = true;
+    TransformerLayer::new(b, &LocalSpecProvider, "decoder.layers.1", &cfg, &spec, 1).unwrap()
 }
 
 fn layer(b: &ModuleBuilder, dropout: f32, norm: NormKind, swiglu: bool) -> TransformerLayer {
@@ -43,9 +60,13 @@ fn run(l: &mut TransformerLayer, x: &DeviceTensor, step: &StepInfo) -> Vec<f32> 
 
 fn check_layer(dropout: f32, norm: NormKind, swiglu: bool) {
     let b = builder(42);
-    let bk = b.backend.clone();
+    let l = layer(&b, dropout, norm, swiglu);
+    check_built_layer(l, &format!("dropout {dropout}, {norm:?}, swiglu {swiglu}"));
+}
+
+fn check_built_layer(mut l: TransformerLayer, what: &str) {
+    let bk = backend();
     let bk = bk.as_ref();
-    let mut l = layer(&b, dropout, norm, swiglu);
     // Non-zero biases so every bias path is exercised with realistic values.
     for p in l.params_mut() {
         if p.name.ends_with("bias") {
@@ -67,10 +88,11 @@ fn check_layer(dropout: f32, norm: NormKind, swiglu: bool) {
         m.params_mut()
     }
     let mut loss = |m: &mut TransformerLayer| Ok(probe(bk, &tensor(bk, run(m, &x, &step), &[B, T, C]), &r));
+    let n_params = l.params().len();
     let samples = check_params(&mut l, bk, params, &|_| true, &mut loss, 4, 1e-2, 1e-2).unwrap();
     let w = worst(&samples).unwrap();
-    assert!(w.rel_err < 2e-2, "worst layer parameter gradient (dropout {dropout}, {norm:?}, swiglu {swiglu}): {w:?}");
-    assert!(samples.len() >= 4 * 10);
+    assert!(w.rel_err < 2e-2, "worst layer parameter gradient ({what}): {w:?}");
+    assert!(samples.len() >= 4 * n_params);
 
     let idx = spread_indices(xv.len(), 12);
     let numeric = fd_input(&xv, &idx, 1e-2, |v| {
@@ -95,6 +117,12 @@ fn layer_backward_matches_finite_differences_with_dropout() {
 #[test]
 fn swiglu_rmsnorm_layer_backward_matches_finite_differences() {
     check_layer(0.0, NormKind::RMSNorm, true);
+}
+
+#[test]
+fn llama_layer_with_rope_gqa_and_qkv_bias_matches_finite_differences() {
+    check_built_layer(llama_layer(&builder(42), 0.0, false), "llama, rope halves");
+    check_built_layer(llama_layer(&builder(43), 0.2, true), "llama, rope interleaved, dropout");
 }
 
 #[test]

@@ -31,6 +31,22 @@ pub fn tiny_config(vocab: usize, seq: usize) -> GptConfig {
     c
 }
 
+/// A tiny Llama-style GPT: RoPE, 4 heads in 2 query groups, RMSNorm, SwiGLU, no linear
+/// biases, untied output layer (the [`tiny_config`] sizes otherwise).
+pub fn tiny_llama_config(vocab: usize, seq: usize) -> GptConfig {
+    let mut c = tiny_config(vocab, seq);
+    c.num_attention_heads = 4;
+    c.num_query_groups = Some(2);
+    c.position_embedding_type = "rope".into();
+    c.rotary_base = 500.0;
+    c.normalization = megatron_transformer::NormKind::RMSNorm;
+    c.swiglu = true;
+    c.ffn_hidden_size = Some(24);
+    c.add_bias_linear = false;
+    c.untie_embeddings_and_output_weights = true;
+    c
+}
+
 pub fn tiny_model(c: GptConfig) -> GptModel {
     GptModel::new(c, backend(), ParallelContext::single()).unwrap()
 }

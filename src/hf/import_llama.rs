@@ -1,0 +1,169 @@
+//! `megatron import hf` for `LlamaForCausalLM`, `MistralForCausalLM` and `Qwen2ForCausalLM`
+//! directories: `config.json` → GPT config (GQA, head size, rope theta, tied or untied head),
+//! `model.safetensors` or sharded `model-0000x-of-0000n.safetensors` with
+//! `model.safetensors.index.json` (bf16/fp16/fp32), and `tokenizer.json` +
+//! `tokenizer_config.json` copied into the checkpoint. The tensor name map is
+//! `megatron_gpt::hf_llama`.
+
+use super::gguf::llama_args_json;
+use anyhow::{bail, Context, Result};
+use megatron_checkpoint::CheckpointMeta;
+use megatron_core::{Backend, DType, HostBuffer, Model, ParallelContext, Registry};
+use megatron_gpt::{load_hf_llama, GptConfig, GptModel};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Whether an HF `config.json` describes a Llama-family model.
+pub fn is_llama_family(cfg: &Value) -> bool {
+    matches!(cfg["model_type"].as_str(), Some("llama" | "mistral" | "qwen2"))
+}
+
+fn field(cfg: &Value, key: &str, path: &Path) -> Result<usize> {
+    cfg[key].as_u64().map(|v| v as usize).with_context(|| format!("{}: no integer `{key}`", path.display()))
+}
+
+/// The GPT config of a Llama/Mistral/Qwen2 `config.json`.
+pub fn gpt_config_from_hf_llama(cfg: &Value, path: &Path, divisible_by: usize) -> Result<GptConfig> {
+    let ty = cfg["model_type"].as_str().unwrap_or("");
+    if let Some(act) = cfg["hidden_act"].as_str().filter(|a| *a != "silu") {
+        bail!("{}: hidden_act `{act}` is not the SiLU that SwiGLU uses", path.display());
+    }
+    if !cfg["rope_scaling"].is_null() {
+        bail!("{}: rope_scaling {} is not supported yet (plain rotary only)", path.display(), cfg["rope_scaling"]);
+    }
+    if cfg["attention_bias"].as_bool() == Some(true) || cfg["mlp_bias"].as_bool() == Some(true) {
+        bail!("{}: attention_bias/mlp_bias are not supported (only Qwen2's qkv bias)", path.display());
+    }
+    let (heads, hidden) = (field(cfg, "num_attention_heads", path)?, field(cfg, "hidden_size", path)?);
+    let ctx = field(cfg, "max_position_embeddings", path)?;
+    let mut c =
+        GptConfig::new(field(cfg, "num_hidden_layers", path)?, hidden, heads, ctx, field(cfg, "vocab_size", path)?);
+    c.ffn_hidden_size = Some(field(cfg, "intermediate_size", path)?);
+    c.make_vocab_size_divisible_by = divisible_by;
+    c.normalization = megatron_transformer::NormKind::RMSNorm;
+    c.layernorm_epsilon = cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32;
+    c.swiglu = true;
+    c.add_bias_linear = false;
+    c.add_qkv_bias = ty == "qwen2";
+    c.position_embedding_type = "rope".into();
+    c.rotary_base = cfg["rope_theta"].as_f64().unwrap_or(10000.0) as f32;
+    c.rotary_percent = cfg["partial_rotary_factor"].as_f64().unwrap_or(1.0) as f32;
+    let kv = cfg["num_key_value_heads"].as_u64().map_or(heads, |v| v as usize);
+    if kv != heads {
+        c.num_query_groups = Some(kv);
+    }
+    if let Some(hd) = cfg["head_dim"].as_u64().map(|v| v as usize).filter(|&hd| hd * heads != hidden) {
+        c.kv_channels = Some(hd);
+    }
+    c.untie_embeddings_and_output_weights = cfg["tie_word_embeddings"].as_bool() == Some(false);
+    c.hidden_dropout = 0.0;
+    c.attention_dropout = 0.0;
+    if let Some(std) = cfg["initializer_range"].as_f64() {
+        c.init_method_std = std as f32;
+    }
+    Ok(c)
+}
+
+/// The safetensors files of `dir`: `model.safetensors`, or the shards an index names.
+fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index)
+        .with_context(|| format!("{} has neither model.safetensors nor {}", dir.display(), index.display()))?;
+    let v: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+    let map = v["weight_map"].as_object().with_context(|| format!("{}: no `weight_map` object", index.display()))?;
+    let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+    files.sort();
+    files.dedup();
+    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+}
+
+/// Loads an HF Llama-family directory into a new checkpoint at `save`.
+pub fn run(
+    dir: &Path,
+    cfg: &Value,
+    cfg_path: &Path,
+    save: &Path,
+    divisible_by: usize,
+    registry: &Registry,
+) -> Result<PathBuf> {
+    let config = gpt_config_from_hf_llama(cfg, cfg_path, divisible_by)?;
+    let files = shard_files(dir)?;
+    let blobs: Vec<(PathBuf, Vec<u8>)> = files
+        .iter()
+        .map(|f| Ok((f.clone(), std::fs::read(f).with_context(|| format!("reading {}", f.display()))?)))
+        .collect::<Result<_>>()?;
+    let mut tensors = BTreeMap::new();
+    let parsed: Vec<(PathBuf, SafeTensors)> = blobs
+        .iter()
+        .map(|(p, b)| {
+            let st = SafeTensors::deserialize(b)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", p.display()))?;
+            Ok((p.clone(), st))
+        })
+        .collect::<Result<_>>()?;
+    for (i, (_, st)) in parsed.iter().enumerate() {
+        for name in st.names() {
+            tensors.insert(name.to_string(), i);
+        }
+    }
+    let backend: Arc<dyn Backend> = registry.backend("cpu", json!({}))?;
+    let mut model = GptModel::new(config.clone(), backend.clone(), ParallelContext::single())?;
+    load_hf_llama(&mut model, &mut |name| {
+        let i = *tensors.get(name).with_context(|| format!("{} has no tensor `{name}`", dir.display()))?;
+        let (path, st) = &parsed[i];
+        let view = st.tensor(name).with_context(|| format!("{}: tensor `{name}`", path.display()))?;
+        let dtype = match view.dtype() {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            other => bail!("HF tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"),
+        };
+        let data = HostBuffer::from_le_bytes(dtype, view.data()).with_context(|| format!("HF tensor `{name}`"))?;
+        Ok((data.to_f32_vec(), view.shape().to_vec()))
+    })
+    .with_context(|| format!("loading {}", dir.display()))?;
+
+    let tok_src = dir.join("tokenizer.json");
+    let tok_dir = save.join("tokenizer");
+    let tokenizer_model = if tok_src.is_file() {
+        std::fs::create_dir_all(&tok_dir).with_context(|| format!("cannot create {}", tok_dir.display()))?;
+        for name in ["tokenizer.json", "tokenizer_config.json"] {
+            if dir.join(name).is_file() {
+                std::fs::copy(dir.join(name), tok_dir.join(name))
+                    .with_context(|| format!("copying {} into {}", name, tok_dir.display()))?;
+            }
+        }
+        Some(std::fs::canonicalize(&tok_dir)?)
+    } else {
+        println!("WARNING: {} has no tokenizer.json; the checkpoint records a NullTokenizer", dir.display());
+        None
+    };
+    let mut meta =
+        CheckpointMeta { args: llama_args_json(&config, tokenizer_model.as_deref(), "hf"), ..Default::default() };
+    if let Some(t) = &tokenizer_model {
+        if let Ok(t) = registry.tokenizer("HuggingFaceTokenizer", json!({ "tokenizer_model": t })) {
+            meta.tokenizer_fingerprint = Some(t.fingerprint());
+        }
+    }
+    let params = model.params();
+    let path = megatron_checkpoint::save(save, 0, &params, None, meta, backend.as_ref(), &ParallelContext::single())
+        .with_context(|| format!("saving the imported checkpoint to {}", save.display()))?;
+    println!(
+        "imported {} ({}, {} layers, hidden {}, {} heads / {} groups) into {}",
+        dir.display(),
+        cfg["model_type"].as_str().unwrap_or("?"),
+        config.num_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_query_groups.unwrap_or(config.num_attention_heads),
+        path.display()
+    );
+    Ok(path)
+}
