@@ -48,6 +48,11 @@ def main():
             logits = model(torch.tensor([ids])).logits[0, -1].double().numpy()
             out = model.generate(torch.tensor([ids]), max_new_tokens=GREEDY, do_sample=False, min_new_tokens=GREEDY,
                                  eos_token_id=None, pad_token_id=tok.pad_token_id)
+            # Teacher-forced full forward over the greedy path: top-2 ids and their margin at
+            # each generated step, so the test can tell a near-tie flip from a real difference.
+            path = out[0].tolist()
+            steps = model(torch.tensor([path])).logits[0, len(ids) - 1:len(path) - 1].double()
+            top2 = torch.topk(steps, 2, dim=-1)
         top = np.argsort(-logits)[:20]
         prompts.append({
             "text": p,
@@ -59,6 +64,8 @@ def main():
             "max_abs_logit": float(np.abs(logits).max()),
             "greedy": [int(t) for t in out[0, len(ids):]],
             "greedy_text": tok.decode(out[0, len(ids):]),
+            "greedy_top2": top2.indices.tolist(),
+            "greedy_margin": [float(m) for m in (top2.values[:, 0] - top2.values[:, 1])],
         })
         print(repr(p), "->", repr(prompts[-1]["greedy_text"][:80]))
     shakespeare = open(os.path.join(data_dir, "tinyshakespeare.txt"), encoding="utf-8").read()

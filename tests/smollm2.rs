@@ -3,7 +3,8 @@
 //! RMSNorm, tied head). `megatron import gguf` must reproduce Hugging Face transformers'
 //! outputs on the same file (`tests/fixtures/smollm2_reference.json`, written by
 //! `scripts/smollm2_reference.py`): last-position logits within 1e-4 of the largest logit,
-//! identical 64-token greedy continuations (kv cache on and off), and, with the `huggingface`
+//! identical 64-token greedy continuations (kv cache on and off) up to a near-tie of HF's own
+//! logits (top-2 margin < 1e-3 of the largest logit), and, with the `huggingface`
 //! feature, the same token ids on tiny Shakespeare and the tokenizer stress corpus.
 //!
 //! Needs the GGUF under `target/smollm2/` (`scripts/fetch_smollm2.sh`); skips otherwise.
@@ -114,12 +115,30 @@ fn smollm2_gguf_matches_transformers_logits_and_greedy_tokens() {
             };
             let mut gen = Generator { model: &mut model, vocab_size: v, pad_id: 2 };
             let out = gen.generate(std::slice::from_ref(&ids), &params, &mut |_, _| true).unwrap();
-            assert_eq!(
-                &out.tokens[0][t..],
-                &greedy[..],
-                "{:?}: greedy continuation (kv cache {use_kv_cache})",
-                p["text"]
-            );
+            let ours = &out.tokens[0][t..];
+            // Identical, except that the paths may part at a near-tie of HF's own logits (its
+            // cached generate and its full forward can disagree there too): ours must then be
+            // one of HF's top two at that step, whose margin is below 1e-3 of the largest logit.
+            if let Some(k) = ours.iter().zip(&greedy).position(|(a, b)| a != b) {
+                let top2 = ints(&p["greedy_top2"][k]);
+                let margin = p["greedy_margin"][k].as_f64().unwrap();
+                println!(
+                    "{:?}: greedy (kv cache {use_kv_cache}) parts from HF at step {k}: ours {} vs {}, HF's top-2 {top2:?} \
+                     differ by {margin:.4} ({:.2e} of the largest logit)",
+                    p["text"],
+                    ours[k],
+                    greedy[k],
+                    margin / scale
+                );
+                assert!(
+                    top2.contains(&ours[k]) && margin < 1e-3 * scale,
+                    "{:?}: greedy continuation (kv cache {use_kv_cache}) differs at step {k} without a near-tie: \
+                     ours {:?}, HF {:?}",
+                    p["text"],
+                    ours,
+                    greedy
+                );
+            }
             if !use_kv_cache {
                 break; // the full-recompute run is slow in debug: one prompt is enough
             }
