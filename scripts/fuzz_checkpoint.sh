@@ -6,7 +6,8 @@
 #
 #   scripts/fuzz_checkpoint.sh [SECONDS=600] [SEED=1]
 #
-# Runs under `flock /work/heavy.lock` when that lock file's directory exists (shared machines).
+# Runs under `flock /work/heavy.lock` when that lock file's directory exists (shared machines;
+# NO_LOCK=1 runs without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-600}"
@@ -16,7 +17,7 @@ bin=$(cargo test --test checkpoint_fuzz --no-run --message-format=json 2>/dev/nu
     sed -n 's/.*"executable":"\([^"]*checkpoint_fuzz[^"]*\)".*/\1/p' | tail -1)
 [ -x "$bin" ] || { echo "could not build tests/checkpoint_fuzz.rs"; exit 1; }
 cmd=(env MEGATRON_FUZZ_SECONDS="$seconds" MEGATRON_FUZZ_SEED="$seed" "$bin" --nocapture --test-threads 1)
-if [ -d /work ] && command -v flock >/dev/null; then
+if [ -z "${NO_LOCK:-}" ] && [ -d /work ] && command -v flock >/dev/null; then
     flock /work/heavy.lock "${cmd[@]}"
 else
     "${cmd[@]}"
