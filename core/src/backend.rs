@@ -39,6 +39,7 @@
 //! * `abs_max` reports inf/NaN of the tensor's own values (an fp16 overflow shows as inf).
 //! * `copy` needs equal dtypes; `cast` converts between any float dtypes.
 
+use crate::cross_attention::CrossAttentionSpec;
 use crate::gqa::GqaSpec;
 use crate::{DType, DeviceTensor, HostBuffer, Result};
 
@@ -368,4 +369,48 @@ pub trait Backend: Send + Sync {
         weight_decay: f32,
         first_step: bool,
     ) -> Result<()>;
+
+    // ---- cross-attention (T5; appended) ----------------------------------------------------
+    /// Attention of `q` to `kv` with padding on both sides, an optional causal mask and an
+    /// optional additive `(heads, Tq, Tk)` position bias: see [`CrossAttentionSpec`] for the
+    /// layouts. Writes `out` and the fp32 `lse`. Backends without it keep this default error.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_attention_forward(
+        &self,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        q_valid: Option<&DeviceTensor>,
+        kv_valid: Option<&DeviceTensor>,
+        bias: Option<&DeviceTensor>,
+        out: &mut DeviceTensor,
+        lse: &mut DeviceTensor,
+        spec: CrossAttentionSpec,
+    ) -> Result<()> {
+        let _ = (q, kv, q_valid, kv_valid, bias, out, lse, spec);
+        anyhow::bail!("op `cross_attention_forward` is not supported by backend `{}`; use the cpu backend", self.name())
+    }
+    /// Overwrites `d_q` and `d_kv` (scores recomputed from `q`, `kv`, `bias` and `lse`) and
+    /// accumulates `d_bias` `(heads, Tq, Tk)` (summed over the batch in a fixed order) when given.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_attention_backward(
+        &self,
+        d_out: &DeviceTensor,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        q_valid: Option<&DeviceTensor>,
+        kv_valid: Option<&DeviceTensor>,
+        bias: Option<&DeviceTensor>,
+        out: &DeviceTensor,
+        lse: &DeviceTensor,
+        d_q: &mut DeviceTensor,
+        d_kv: &mut DeviceTensor,
+        d_bias: Option<&mut DeviceTensor>,
+        spec: CrossAttentionSpec,
+    ) -> Result<()> {
+        let _ = (d_out, q, kv, q_valid, kv_valid, bias, out, lse, d_q, d_kv, d_bias, spec);
+        anyhow::bail!(
+            "op `cross_attention_backward` is not supported by backend `{}`; use the cpu backend",
+            self.name()
+        )
+    }
 }

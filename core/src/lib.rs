@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod comm;
+pub mod cross_attention;
 pub mod data;
 pub mod dtype;
 #[cfg(target_os = "linux")]
@@ -26,6 +27,7 @@ pub mod tensor;
 
 pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSpec, RotarySpec};
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
+pub use cross_attention::CrossAttentionSpec;
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
 pub use dtype::DType;
 pub use gqa::GqaSpec;

@@ -6,8 +6,8 @@ use crate::{
     activation, attention, elementwise, embedding, gemm, kv_attention, loss, memory, norm, optim, rotary, CpuBackend,
 };
 use megatron_core::{
-    AdamStep, AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer, KvCacheAttentionSpec, Result,
-    RotarySpec,
+    AdamStep, AttentionSpec, Backend, CrossAttentionSpec, DType, DeviceTensor, GemmSpec, HostBuffer,
+    KvCacheAttentionSpec, Result, RotarySpec,
 };
 
 impl Backend for CpuBackend {
@@ -334,6 +334,72 @@ impl Backend for CpuBackend {
             optim::sgd_step(p.t(), &grad, b.t(), lr, momentum, weight_decay, first_step)?;
             p.finish()?;
             b.finish()
+        })
+    }
+
+    fn cross_attention_forward(
+        &self,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        q_valid: Option<&DeviceTensor>,
+        kv_valid: Option<&DeviceTensor>,
+        bias: Option<&DeviceTensor>,
+        out: &mut DeviceTensor,
+        lse: &mut DeviceTensor,
+        spec: CrossAttentionSpec,
+    ) -> Result<()> {
+        self.run(|| {
+            let (q, kv, bias) = (input(q)?, input(kv)?, input_opt(bias)?);
+            let mut o = Out::new(out, false)?;
+            crate::cross_attention::cross_attention_forward(
+                &q,
+                &kv,
+                q_valid,
+                kv_valid,
+                bias.as_deref(),
+                o.t(),
+                lse,
+                spec,
+            )?;
+            o.finish()
+        })
+    }
+    fn cross_attention_backward(
+        &self,
+        d_out: &DeviceTensor,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        q_valid: Option<&DeviceTensor>,
+        kv_valid: Option<&DeviceTensor>,
+        bias: Option<&DeviceTensor>,
+        out: &DeviceTensor,
+        lse: &DeviceTensor,
+        d_q: &mut DeviceTensor,
+        d_kv: &mut DeviceTensor,
+        d_bias: Option<&mut DeviceTensor>,
+        spec: CrossAttentionSpec,
+    ) -> Result<()> {
+        self.run(|| {
+            let (d_out, q, kv, out, bias) = (input(d_out)?, input(q)?, input(kv)?, input(out)?, input_opt(bias)?);
+            let (mut dq, mut dkv) = (Out::new(d_q, false)?, Out::new(d_kv, false)?);
+            let mut db = out_opt(d_bias, true)?;
+            crate::cross_attention::cross_attention_backward(
+                &d_out,
+                &q,
+                &kv,
+                q_valid,
+                kv_valid,
+                bias.as_deref(),
+                &out,
+                lse,
+                dq.t(),
+                dkv.t(),
+                db.as_mut().map(|d| d.t()),
+                spec,
+            )?;
+            dq.finish()?;
+            dkv.finish()?;
+            db.map_or(Ok(()), Out::finish)
         })
     }
 }

@@ -17,6 +17,7 @@ mod activation;
 mod attention;
 mod backend;
 mod check;
+mod cross_attention;
 mod elementwise;
 mod embedding;
 mod expvec;

@@ -8,6 +8,7 @@
 
 mod activation;
 mod attention;
+mod cross_attention;
 mod kv_cache;
 mod loss;
 mod norm;
@@ -15,6 +16,7 @@ mod optim;
 
 pub use activation::*;
 pub use attention::*;
+pub use cross_attention::*;
 pub use kv_cache::*;
 pub use loss::*;
 pub use norm::*;
