@@ -1,0 +1,242 @@
+//! T5 attention modules on the cross-attention op: the self-attention of the encoder (padding
+//! mask) and decoder (causal + padding), both with an optional relative position bias, and the
+//! decoder's cross-attention to the encoder output. Megatron-Core's parameter names: a fused
+//! column-parallel `linear_qkv` `[np·3·hn, h]` (per head q, k, v) for self-attention,
+//! `linear_q` `[np·hn, h]` and `linear_kv` `[np·2·hn, h]` (per head k, v) for
+//! cross-attention, a row-parallel `linear_proj` `[h, np·hn]`. Heads are split over TP.
+
+use crate::host::{merge_qkv, split_qkv};
+use anyhow::Result;
+use megatron_core::{Backend, CrossAttentionSpec, DeviceTensor, Param};
+use megatron_transformer::step::{empty, ensure_shape};
+use megatron_transformer::{
+    ColumnParallelLinear, DropoutSite, LinearConfig, LinearLayer, ModuleBuilder, RowParallelLinear, StepInfo,
+};
+use std::sync::Arc;
+
+/// Sizes shared by the attention modules of one model.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    pub hidden: usize,
+    /// Global heads `np` and head size `hn`.
+    pub heads: usize,
+    pub head_dim: usize,
+    pub bias: bool,
+    pub scale: f32,
+    /// Attention-probability dropout (`--attention-dropout`).
+    pub dropout: f32,
+    pub init_std: f32,
+    pub output_init_std: f32,
+}
+
+/// What a forward call attends with (`None`: no padding / no bias).
+#[derive(Clone, Copy)]
+pub struct AttnInputs<'a> {
+    pub batch: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub q_valid: Option<&'a DeviceTensor>,
+    pub kv_valid: Option<&'a DeviceTensor>,
+    pub bias: Option<&'a DeviceTensor>,
+}
+
+enum Proj {
+    /// Self-attention: fused QKV.
+    Qkv(Box<ColumnParallelLinear>),
+    /// Cross-attention: queries from the decoder, keys/values from the encoder output.
+    QKv(Box<(ColumnParallelLinear, ColumnParallelLinear)>),
+}
+
+pub struct T5Attention {
+    backend: Arc<dyn Backend>,
+    proj: Proj,
+    pub linear_proj: RowParallelLinear,
+    causal: bool,
+    /// Local heads (`np / tp`).
+    heads: usize,
+    hd: usize,
+    scale: f32,
+    dropout: f32,
+    /// Dropout-seed id of this module.
+    id: usize,
+    tp_rank: usize,
+    q: DeviceTensor,   // (B*Tq, heads*hd): (B, Tq, heads, hd)
+    kv: DeviceTensor,  // (B*Tk, heads*2*hd): (B, Tk, heads, 2, hd)
+    ctx: DeviceTensor, // (B, Tq, heads*hd): attention output, input of linear_proj
+    lse: DeviceTensor, // (B, heads, Tq)
+    spec: Option<CrossAttentionSpec>,
+}
+
+impl T5Attention {
+    /// `{prefix}.linear_qkv`, `{prefix}.linear_proj` (self) or `{prefix}.linear_q`,
+    /// `{prefix}.linear_kv`, `{prefix}.linear_proj` (cross).
+    pub fn new(
+        b: &ModuleBuilder,
+        prefix: &str,
+        d: AttnDims,
+        cross: bool,
+        causal: bool,
+        id: usize,
+    ) -> Result<T5Attention> {
+        let lin = |name: &str, out: usize| {
+            let cfg = LinearConfig {
+                in_features: d.hidden,
+                out_features: out,
+                bias: d.bias,
+                init_std: d.init_std,
+                out_chunks: 1,
+            };
+            ColumnParallelLinear::new(b, &format!("{prefix}.{name}"), cfg)
+        };
+        let (np, hn) = (d.heads, d.head_dim);
+        let proj = if cross {
+            Proj::QKv(Box::new((lin("linear_q", np * hn)?, lin("linear_kv", np * 2 * hn)?)))
+        } else {
+            Proj::Qkv(Box::new(lin("linear_qkv", np * 3 * hn)?))
+        };
+        let pcfg = LinearConfig {
+            in_features: np * hn,
+            out_features: d.hidden,
+            bias: d.bias,
+            init_std: d.output_init_std,
+            out_chunks: 1,
+        };
+        let be = b.backend.clone();
+        Ok(T5Attention {
+            proj,
+            linear_proj: RowParallelLinear::new(b, &format!("{prefix}.linear_proj"), pcfg)?,
+            causal,
+            heads: np / b.tp_size(),
+            hd: hn,
+            scale: d.scale,
+            dropout: d.dropout,
+            id,
+            tp_rank: b.tp_rank(),
+            q: empty(be.as_ref())?,
+            kv: empty(be.as_ref())?,
+            ctx: empty(be.as_ref())?,
+            lse: empty(be.as_ref())?,
+            spec: None,
+            backend: be,
+        })
+    }
+
+    /// `out (B, Tq, C)` from `x (B, Tq, C)` (and `memory (B, Tk, C)` for cross-attention).
+    pub fn forward(
+        &mut self,
+        x: &DeviceTensor,
+        memory: Option<&DeviceTensor>,
+        a: AttnInputs,
+        out: &mut DeviceTensor,
+        step: &StepInfo,
+    ) -> Result<()> {
+        let be = self.backend.as_ref();
+        let (h, hd) = (self.heads, self.hd);
+        match &mut self.proj {
+            Proj::Qkv(qkv) => {
+                let mut fused = be.zeros(&[a.batch * a.q_len, h * 3 * hd], megatron_core::DType::F32)?;
+                qkv.forward(x, &mut fused)?;
+                (self.q, self.kv) = split_qkv(be, &fused, a.batch * a.q_len, h, hd)?;
+            }
+            Proj::QKv(pair) => {
+                let (lq, lkv) = &mut **pair;
+                let memory = memory.ok_or_else(|| anyhow::anyhow!("t5 cross-attention needs the encoder output"))?;
+                ensure_shape(be, &mut self.q, &[a.batch * a.q_len, h * hd])?;
+                ensure_shape(be, &mut self.kv, &[a.batch * a.kv_len, h * 2 * hd])?;
+                lq.forward(x, &mut self.q)?;
+                lkv.forward(memory, &mut self.kv)?;
+            }
+        }
+        let spec = CrossAttentionSpec {
+            batch: a.batch,
+            q_len: a.q_len,
+            kv_len: a.kv_len,
+            heads: h,
+            head_dim: hd,
+            causal: self.causal,
+            scale: self.scale,
+            dropout_p: step.dropout_p(self.dropout),
+            dropout_seed: step.dropout_seed(self.id, DropoutSite::AttentionProbs, self.tp_rank),
+        };
+        ensure_shape(be, &mut self.ctx, &[a.batch, a.q_len, h * hd])?;
+        ensure_shape(be, &mut self.lse, &[spec.lse_numel()])?;
+        be.cross_attention_forward(
+            &self.q,
+            &self.kv,
+            a.q_valid,
+            a.kv_valid,
+            a.bias,
+            &mut self.ctx,
+            &mut self.lse,
+            spec,
+        )?;
+        self.spec = Some(spec);
+        self.linear_proj.forward(&self.ctx, out)
+    }
+
+    /// Overwrites `d_x`; adds the memory gradient into `d_memory` (cross-attention) and the
+    /// bias gradient into `d_bias` (when given); accumulates parameter gradients.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &mut self,
+        x: &DeviceTensor,
+        memory: Option<&DeviceTensor>,
+        a: AttnInputs,
+        d_out: &DeviceTensor,
+        d_x: &mut DeviceTensor,
+        d_memory: Option<&mut DeviceTensor>,
+        d_bias: Option<&mut DeviceTensor>,
+    ) -> Result<()> {
+        let be = self.backend.as_ref();
+        let spec = self.spec.ok_or_else(|| anyhow::anyhow!("t5 attention backward without a training forward"))?;
+        let mut d_ctx = be.zeros(self.ctx.shape(), megatron_core::DType::F32)?;
+        self.linear_proj.backward(&self.ctx, d_out, Some(&mut d_ctx))?;
+        let mut dq = be.zeros(self.q.shape(), megatron_core::DType::F32)?;
+        let mut dkv = be.zeros(self.kv.shape(), megatron_core::DType::F32)?;
+        be.cross_attention_backward(
+            &d_ctx, &self.q, &self.kv, a.q_valid, a.kv_valid, a.bias, &self.ctx, &self.lse, &mut dq, &mut dkv, d_bias,
+            spec,
+        )?;
+        match &mut self.proj {
+            Proj::Qkv(qkv) => {
+                let mut d_fused =
+                    be.zeros(&[a.batch * a.q_len, self.heads * 3 * self.hd], megatron_core::DType::F32)?;
+                merge_qkv(be, &dq, &dkv, self.hd, &mut d_fused)?;
+                qkv.backward(x, &d_fused, Some(d_x))
+            }
+            Proj::QKv(pair) => {
+                let (lq, lkv) = &mut **pair;
+                lq.backward(x, &dq, Some(d_x))?;
+                let memory =
+                    memory.ok_or_else(|| anyhow::anyhow!("t5 cross-attention backward needs the encoder output"))?;
+                let mut d_mem = be.zeros(memory.shape(), megatron_core::DType::F32)?;
+                lkv.backward(memory, &dkv, Some(&mut d_mem))?;
+                match d_memory {
+                    Some(acc) => be.axpy(acc, 1.0, &d_mem),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        let mut v: Vec<&Param> = match &self.proj {
+            Proj::Qkv(l) => l.params(),
+            Proj::QKv(pair) => pair.0.params().into_iter().chain(pair.1.params()).collect(),
+        };
+        v.extend(self.linear_proj.params());
+        v
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v: Vec<&mut Param> = match &mut self.proj {
+            Proj::Qkv(l) => l.params_mut(),
+            Proj::QKv(pair) => {
+                let (q, kv) = &mut **pair;
+                q.params_mut().into_iter().chain(kv.params_mut()).collect()
+            }
+        };
+        v.extend(self.linear_proj.params_mut());
+        v
+    }
+}

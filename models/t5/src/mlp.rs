@@ -1,0 +1,88 @@
+//! The T5 feed-forward block: column-parallel `linear_fc1` (`2F` outputs when gated, laid out
+//! per rank as `[gate_local; up_local]`), the activation (GeLU on the backend; ReLU and the
+//! gated GeLU on the host, see `host.rs`), row-parallel `linear_fc2`.
+
+use crate::config::T5Activation;
+use crate::host::{geglu_backward, geglu_forward, relu_backward, relu_forward};
+use anyhow::Result;
+use megatron_core::{Backend, DType, DeviceTensor, Param};
+use megatron_transformer::step::{empty, ensure_shape};
+use megatron_transformer::{ColumnParallelLinear, LinearConfig, LinearLayer, ModuleBuilder, RowParallelLinear};
+use std::sync::Arc;
+
+pub struct T5Mlp {
+    backend: Arc<dyn Backend>,
+    pub linear_fc1: ColumnParallelLinear,
+    pub linear_fc2: RowParallelLinear,
+    act: T5Activation,
+    /// `F/tp`.
+    ffn_local: usize,
+    fc1_out: DeviceTensor, // (N, F/tp), (N, 2F/tp) gated
+    act_out: DeviceTensor, // (N, F/tp)
+}
+
+impl T5Mlp {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        b: &ModuleBuilder,
+        prefix: &str,
+        hidden: usize,
+        ffn: usize,
+        act: T5Activation,
+        bias: bool,
+        init_std: f32,
+        output_init_std: f32,
+    ) -> Result<T5Mlp> {
+        let gates = if act == T5Activation::GatedGelu { 2 } else { 1 };
+        let fc1 = LinearConfig { in_features: hidden, out_features: gates * ffn, bias, init_std, out_chunks: gates };
+        let fc2 =
+            LinearConfig { in_features: ffn, out_features: hidden, bias, init_std: output_init_std, out_chunks: 1 };
+        let backend = b.backend.clone();
+        Ok(T5Mlp {
+            linear_fc1: ColumnParallelLinear::new(b, &format!("{prefix}.linear_fc1"), fc1)?,
+            linear_fc2: RowParallelLinear::new(b, &format!("{prefix}.linear_fc2"), fc2)?,
+            act,
+            ffn_local: ffn / b.tp_size(),
+            fc1_out: empty(backend.as_ref())?,
+            act_out: empty(backend.as_ref())?,
+            backend,
+        })
+    }
+
+    /// `out (N, C) = fc2(act(fc1(x (N, C))))`.
+    pub fn forward(&mut self, x: &DeviceTensor, rows: usize, out: &mut DeviceTensor) -> Result<()> {
+        let be = self.backend.as_ref();
+        let gates = if self.act == T5Activation::GatedGelu { 2 } else { 1 };
+        ensure_shape(be, &mut self.fc1_out, &[rows, gates * self.ffn_local])?;
+        ensure_shape(be, &mut self.act_out, &[rows, self.ffn_local])?;
+        self.linear_fc1.forward(x, &mut self.fc1_out)?;
+        match self.act {
+            T5Activation::Gelu => be.gelu_forward(&self.fc1_out, &mut self.act_out)?,
+            T5Activation::Relu => relu_forward(be, &self.fc1_out, &mut self.act_out)?,
+            T5Activation::GatedGelu => geglu_forward(be, &self.fc1_out, &mut self.act_out)?,
+        }
+        self.linear_fc2.forward(&self.act_out, out)
+    }
+
+    /// Overwrites `d_x (N, C)`; accumulates parameter gradients.
+    pub fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
+        let be = self.backend.as_ref();
+        let mut d_act = be.zeros(self.act_out.shape(), DType::F32)?;
+        let mut d_fc1 = be.zeros(self.fc1_out.shape(), DType::F32)?;
+        self.linear_fc2.backward(&self.act_out, d_out, Some(&mut d_act))?;
+        match self.act {
+            T5Activation::Gelu => be.gelu_backward(&self.fc1_out, &d_act, &mut d_fc1)?,
+            T5Activation::Relu => relu_backward(be, &self.fc1_out, &d_act, &mut d_fc1)?,
+            T5Activation::GatedGelu => geglu_backward(be, &self.fc1_out, &d_act, &mut d_fc1)?,
+        }
+        self.linear_fc1.backward(x, &d_fc1, Some(d_x))
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        self.linear_fc1.params().into_iter().chain(self.linear_fc2.params()).collect()
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        self.linear_fc1.params_mut().into_iter().chain(self.linear_fc2.params_mut()).collect()
+    }
+}
