@@ -14,6 +14,7 @@ pub mod mock;
 pub mod npy;
 pub mod pyjson;
 pub mod split;
+pub mod t5;
 
 pub use blend::Blend;
 pub use blended::{BlendSize, BlendedDataset};
