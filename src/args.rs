@@ -222,6 +222,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
+    /// The T5 flags (`--model t5`, src/t5_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub t5: crate::t5_args::T5Args,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

@@ -213,6 +213,9 @@ impl TrainConfig {
     /// Config of the model plugin (the GPT model's `GptConfig`).
     pub fn model_config(&self, vocab_size: usize) -> Value {
         let a = &self.args;
+        if a.model == "t5" {
+            return crate::t5_args::model_config(a, self.max_position_embeddings, vocab_size);
+        }
         let mut config = json!({
             "num_layers": a.num_layers,
             "hidden_size": a.hidden_size,

@@ -16,6 +16,7 @@ pub mod plugins;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod serve;
 pub mod signals;
+pub mod t5_args;
 pub mod tokenizer_flags;
 pub mod tools;
 // The training driver calls megatron-optim and megatron-checkpoint directly (the `minimal`
@@ -44,5 +45,7 @@ use megatron_metrics as _;
 use megatron_optim as _;
 #[cfg(feature = "parallel")]
 use megatron_parallel as _;
+#[cfg(feature = "t5")]
+use megatron_t5 as _;
 #[cfg(feature = "tokenizers")]
 use megatron_tokenizers as _;

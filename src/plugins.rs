@@ -29,6 +29,8 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("metrics", PluginKind::MetricsSink, "jsonl"),
     ("metrics", PluginKind::MetricsSink, "tensorboard"),
     ("example-mlp-lm", PluginKind::Model, "swiglu-mlp-lm"),
+    ("t5", PluginKind::Model, "t5"),
+    ("datasets", PluginKind::Dataset, "t5"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
@@ -45,6 +47,7 @@ pub fn feature_enabled(feature: &str) -> bool {
         "metrics" => cfg!(feature = "metrics"),
         "checkpoint" => cfg!(feature = "checkpoint"),
         "example-mlp-lm" => cfg!(feature = "example-mlp-lm"),
+        "t5" => cfg!(feature = "t5"),
         _ => false,
     }
 }

@@ -42,7 +42,11 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
     );
     add(
         cfg!(feature = "datasets"),
-        &[("dataset", "gpt", "megatron-datasets"), ("dataset", "mock", "megatron-datasets")],
+        &[
+            ("dataset", "gpt", "megatron-datasets"),
+            ("dataset", "mock", "megatron-datasets"),
+            ("dataset", "t5", "megatron-datasets"),
+        ],
     );
     add(
         cfg!(feature = "tokenizers"),
@@ -58,6 +62,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
         &[("metrics", "jsonl", "megatron-metrics"), ("metrics", "tensorboard", "megatron-metrics")],
     );
     add(cfg!(feature = "example-mlp-lm"), &[("model", "swiglu-mlp-lm", "megatron-example-mlp-lm")]);
+    add(cfg!(feature = "t5"), &[("model", "t5", "megatron-t5")]);
     want.sort();
     want
 }

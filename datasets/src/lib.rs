@@ -31,6 +31,11 @@ fn build_gpt(de: ConfigDe, env: &DatasetEnv) -> Result<DatasetSplits> {
     build_gpt_splits(&config, env)
 }
 
+fn build_t5(de: ConfigDe, env: &DatasetEnv) -> Result<DatasetSplits> {
+    let config: t5::plugin::T5PluginConfig = parse_config(de, t5::plugin::NAME)?;
+    t5::plugin::build_t5_splits(&config, env.tokenizer.as_deref())
+}
+
 fn build_mock(de: ConfigDe, _env: &DatasetEnv) -> Result<DatasetSplits> {
     let config: MockDatasetConfig = parse_config(de, mock::NAME)?;
     build_mock_splits(&config)
@@ -45,6 +50,12 @@ pub fn plugins() -> Vec<Plugin> {
                 "GPT samples from Megatron .bin/.idx prefixes, blended, cached (data_path, train/valid/test_data_path, \
                  split, seq_length, seed, num_samples, data_cache_path, mid_level_dataset_surplus, tokenizer)",
             factory: Factory::Dataset(build_gpt),
+        },
+        Plugin {
+            name: t5::plugin::NAME,
+            description: "T5 span-corruption samples (Megatron's T5MaskedWordPieceDataset) from a sentence-split prefix \
+                          (data_path, split, vocab_file, vocab_extra_ids, encoder/decoder_seq_length, seed, num_samples)",
+            factory: Factory::Dataset(build_t5),
         },
         Plugin {
             name: mock::NAME,

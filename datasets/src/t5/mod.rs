@@ -10,6 +10,7 @@
 //! `labels = [0 … | labels (−1 → 0)]`, `loss_mask = [enc_mask | loss_mask]`.
 
 pub mod masking;
+pub mod plugin;
 pub mod rng;
 pub mod sample_index;
 
