@@ -176,6 +176,10 @@ impl T5Model {
         &self.config
     }
 
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+
     fn ids(&self, v: &[i32]) -> Result<DeviceTensor> {
         self.backend.from_host(HostBuffer::I32(v.to_vec()), &[v.len()])
     }
