@@ -33,6 +33,9 @@ enc = [[5, 17, 33, 2, 40, 11, 7, 29, 1]]
 dec = [[0, 9, 44, 3, 21, 12]]
 with torch.no_grad():
     logits = model(input_ids=torch.tensor(enc), decoder_input_ids=torch.tensor(dec)).logits
-json.dump({"input_ids": enc[0], "decoder_input_ids": dec[0], "logits": logits[0].tolist()},
+    gen = model.generate(torch.tensor(enc), max_new_tokens=8, do_sample=False, num_beams=1,
+                         decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+json.dump({"input_ids": enc[0], "decoder_input_ids": dec[0], "logits": logits[0].tolist(),
+           "greedy": gen[0].tolist()},
           open(os.path.join(out, "expected.json"), "w"))
 print("saved", len(state), "tensors; logits", tuple(logits.shape))
