@@ -148,3 +148,88 @@ pub fn load_hf_t5(model: &mut T5Model, get: HfGet) -> Result<()> {
     }
     Ok(())
 }
+
+/// `parts` per-head interleaved blocks back into separate tensors (inverse of [`interleave_heads`]).
+fn split_heads(x: &[f32], parts: usize, heads: usize, hd: usize, cols: usize) -> Vec<Vec<f32>> {
+    let mut out = vec![Vec::with_capacity(heads * hd * cols); parts];
+    for (i, block) in x.chunks_exact(hd * cols).enumerate() {
+        out[i % parts].extend_from_slice(block);
+    }
+    out
+}
+
+/// A Hugging Face tensor: name, shape, f32 values.
+pub type HfTensor = (String, Vec<usize>, Vec<f32>);
+
+/// The Hugging Face T5 tensors of `model` (tp = 1; the inverse of [`load_hf_t5`]; the vocab
+/// padding rows, if any, are cut). `shared.weight` stands for the tied
+/// `encoder.embed_tokens` / `decoder.embed_tokens` / `lm_head` too.
+pub fn export_hf_t5(model: &T5Model) -> Result<Vec<HfTensor>> {
+    let c = model.config().clone();
+    let (heads, hd, h) = (c.num_attention_heads, c.head_dim(), c.hidden_size);
+    if c.position_embedding_type != "relative" || c.add_bias_linear || c.lm_head_bias {
+        bail!("Hugging Face T5 export needs relative positions, no linear biases and no LM head bias");
+    }
+    let be = model.backend();
+    let params = model.params();
+    let get = |name: &str| -> Result<(Vec<usize>, Vec<f32>)> {
+        let p = params.iter().find(|p| p.name == name).with_context(|| format!("no parameter `{name}`"))?;
+        if p.layout.tp_size != 1 {
+            bail!("Hugging Face T5 export needs --tensor-model-parallel-size 1");
+        }
+        Ok((p.value.shape().to_vec(), be.to_host(&p.value)?.to_f32_vec()))
+    };
+    let mut out: Vec<HfTensor> = Vec::new();
+    let (_, mut emb) = get("embedding.word_embeddings.weight")?;
+    emb.truncate(c.vocab_size * h);
+    out.push(("shared.weight".into(), vec![c.vocab_size, h], emb));
+    let inner = heads * hd;
+    for stack in ["encoder", "decoder"] {
+        let (s, v) = get(&format!("{stack}_relative_pos_emb.relative_attention_bias.weight"))?;
+        out.push((format!("{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"), s, v));
+        let layers = if stack == "encoder" { c.encoder_num_layers } else { c.decoder_num_layers };
+        for i in 0..layers {
+            let (hf, ours) = (format!("{stack}.block.{i}.layer"), format!("{stack}.layers.{i}"));
+            let copy = |out: &mut Vec<HfTensor>, from: &str, to: String| -> Result<()> {
+                let (s, v) = get(&format!("{ours}.{from}"))?;
+                out.push((to, s, v));
+                Ok(())
+            };
+            let sa = format!("{hf}.0.SelfAttention");
+            let qkv = split_heads(&get(&format!("{ours}.self_attention.linear_qkv.weight"))?.1, 3, heads, hd, h);
+            for (p, v) in ["q", "k", "v"].iter().zip(qkv) {
+                out.push((format!("{sa}.{p}.weight"), vec![inner, h], v));
+            }
+            copy(&mut out, "self_attention.linear_proj.weight", format!("{sa}.o.weight"))?;
+            copy(&mut out, "input_layernorm.weight", format!("{hf}.0.layer_norm.weight"))?;
+            let ff = if stack == "decoder" {
+                let ca = format!("{hf}.1.EncDecAttention");
+                copy(&mut out, "cross_attention.linear_q.weight", format!("{ca}.q.weight"))?;
+                let kv = split_heads(&get(&format!("{ours}.cross_attention.linear_kv.weight"))?.1, 2, heads, hd, h);
+                for (p, v) in ["k", "v"].iter().zip(kv) {
+                    out.push((format!("{ca}.{p}.weight"), vec![inner, h], v));
+                }
+                copy(&mut out, "cross_attention.linear_proj.weight", format!("{ca}.o.weight"))?;
+                copy(&mut out, "pre_cross_attn_layernorm.weight", format!("{hf}.1.layer_norm.weight"))?;
+                2
+            } else {
+                1
+            };
+            let d = format!("{hf}.{ff}.DenseReluDense");
+            let (s, fc1) = get(&format!("{ours}.mlp.linear_fc1.weight"))?;
+            match c.activation {
+                T5Activation::GatedGelu => {
+                    let half = fc1.len() / 2;
+                    out.push((format!("{d}.wi_0.weight"), vec![s[0] / 2, h], fc1[..half].to_vec()));
+                    out.push((format!("{d}.wi_1.weight"), vec![s[0] / 2, h], fc1[half..].to_vec()));
+                }
+                _ => out.push((format!("{d}.wi.weight"), s, fc1)),
+            }
+            copy(&mut out, "mlp.linear_fc2.weight", format!("{d}.wo.weight"))?;
+            copy(&mut out, "pre_mlp_layernorm.weight", format!("{hf}.{ff}.layer_norm.weight"))?;
+        }
+        let (s, v) = get(&format!("{stack}.final_layernorm.weight"))?;
+        out.push((format!("{stack}.final_layer_norm.weight"), s, v));
+    }
+    Ok(out)
+}
