@@ -119,3 +119,26 @@ fn bf16_tensor_parallel_matches_single_rank() {
         assert!(((a - b) / a).abs() < 1e-2, "iteration {i}: dp1 {a} vs dp2 {b}");
     }
 }
+
+#[test]
+fn hf_export_writes_the_requested_dtype() {
+    use megatron::hf::export::{export_dtype, safetensors_bytes_as};
+    use megatron_core::DType;
+    let args = serde_json::json!({ "bf16": true, "fp16": false });
+    assert_eq!(export_dtype(None, &args).unwrap(), DType::BF16, "default: the training dtype");
+    assert_eq!(export_dtype(None, &serde_json::json!({ "fp16": true })).unwrap(), DType::F16);
+    assert_eq!(export_dtype(None, &serde_json::json!({})).unwrap(), DType::F32);
+    assert_eq!(export_dtype(Some("fp32"), &args).unwrap(), DType::F32);
+    assert!(export_dtype(Some("int32"), &args).is_err());
+    let tensors = vec![("w".to_string(), vec![2], vec![1.0f32 + 1.0 / 512.0, -3.0])];
+    for (dtype, want) in [(DType::BF16, safetensors::Dtype::BF16), (DType::F16, safetensors::Dtype::F16)] {
+        let bytes = safetensors_bytes_as(&tensors, dtype).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let t = st.tensor("w").unwrap();
+        assert_eq!((t.dtype(), t.shape()), (want, &[2usize][..]));
+        let v = megatron_core::HostBuffer::from_le_bytes(dtype, t.data()).unwrap().to_f32_vec();
+        // 1 + 2^-9 rounds to 1 in bf16 (8 bits), stays in fp16 (11 bits).
+        let first = if dtype == DType::BF16 { 1.0 } else { 1.0 + 1.0 / 512.0 };
+        assert_eq!(v, vec![first, -3.0], "{dtype}");
+    }
+}
