@@ -142,3 +142,17 @@ fn hf_export_writes_the_requested_dtype() {
         assert_eq!(v, vec![first, -3.0], "{dtype}");
     }
 }
+
+#[test]
+fn half_pipeline_and_distributed_optimizer_match_single_rank() {
+    for extra in ["--bf16 --fp32-residual-connection", "--fp16 --initial-loss-scale 4096"] {
+        let one = pretrain(&tiny_with(&format!("{BASE} {extra}"))).unwrap();
+        for layout in ["--nproc 2 --pipeline-model-parallel-size 2", "--nproc 2 --use-distributed-optimizer"] {
+            let other = pretrain(&tiny_with(&format!("{BASE} {extra} {layout}"))).unwrap();
+            assert_eq!(other.losses.len(), one.losses.len());
+            for ((i, a), (_, b)) in one.losses.iter().zip(&other.losses) {
+                assert!(((a - b) / a).abs() < 1e-2, "{extra} {layout}: iteration {i}: {a} vs {b}");
+            }
+        }
+    }
+}
