@@ -136,7 +136,7 @@ impl Trainer {
         let progress = log::Progress::new(self.state.iteration);
         let mut summary = TrainSummary::default();
         let (mut interval_start, mut interval_iters) = (Instant::now(), 0u64);
-        let (mut loss_sum, mut loss_count, mut last_norm) = (0.0f64, 0u64, None);
+        let (mut loss_sum, mut loss_count) = (0.0f64, 0u64);
         let mut last_saved = None;
         while self.state.iteration < args.train_iters {
             let step = self.train_step()?;
@@ -153,7 +153,6 @@ impl Trainer {
             } else {
                 loss_sum += step.loss;
                 loss_count += 1;
-                last_norm = Some(step.grad_norm);
             }
             summary.losses.push((self.state.iteration, step.loss));
             summary.grad_norms.push((self.state.iteration, step.grad_norm));
@@ -188,7 +187,8 @@ impl Trainer {
                     global_batch_size: gbs,
                     lm_loss: if loss_count > 0 { loss_sum / loss_count as f64 } else { 0.0 },
                     loss_scale: self.loss_scale(),
-                    grad_norm: last_norm,
+                    // The last iteration's norm, none when it was skipped (Megatron).
+                    grad_norm: (!step.skipped).then_some(step.grad_norm),
                     skipped_iters: self.state.skipped_iters,
                     nan_iters: self.state.nan_iters,
                 };
