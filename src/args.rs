@@ -266,9 +266,11 @@ pub struct PretrainArgs {
     /// Worker threads of the CPU backend (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Floating-point type of parameters and activations. Only fp32 trains today.
+    /// bf16 parameters and activations, fp32 main parameters and Adam state in the optimizer,
+    /// fp32 gradients (SPEC §6.7, docs/mixed_precision.md).
     #[arg(long)]
     pub bf16: bool,
+    /// fp16 parameters and activations with loss scaling (dynamic unless --loss-scale).
     #[arg(long)]
     pub fp16: bool,
     /// A constant loss scale (fp16/bf16); without it fp16 scales dynamically (SPEC §6.7).
@@ -310,4 +312,17 @@ pub struct PretrainArgs {
     /// activations) exceeds this machine's memory or cgroup limit.
     #[arg(long)]
     pub skip_memory_check: bool,
+    /// Gradients accumulated and data-parallel-reduced in fp32: always so for --bf16/--fp16
+    /// here (accepted for compatibility; see docs/mixed_precision.md).
+    #[arg(long)]
+    pub accumulate_allreduce_grads_in_fp32: bool,
+    /// With --bf16: bf16 gradient buffers instead of fp32 ones (data-parallel size 1 only).
+    #[arg(long)]
+    pub grad_reduce_in_bf16: bool,
+    /// Accepted: our attention always computes its softmax in fp32 from half inputs.
+    #[arg(long)]
+    pub attention_softmax_in_fp32: bool,
+    /// Keep the residual stream in fp32 in a --bf16/--fp16 model.
+    #[arg(long)]
+    pub fp32_residual_connection: bool,
 }

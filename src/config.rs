@@ -94,19 +94,10 @@ impl TrainConfig {
         );
         need(a.train_iters > 0, "--train-iters must be > 0".into());
         need(a.lr >= 0.0, "--lr must be >= 0".into());
-        // The scaler flags are checked now (clear errors), although half training is not on yet.
+        // The scaler flags are checked now, so a bad combination is reported with the others.
         #[cfg(feature = "optim")]
         {
-            let flags = megatron_optim::LossScaleFlags {
-                fp16: a.fp16,
-                bf16: a.bf16,
-                loss_scale: a.loss_scale,
-                initial_loss_scale: a.initial_loss_scale,
-                min_loss_scale: a.min_loss_scale,
-                loss_scale_window: a.loss_scale_window,
-                hysteresis: a.hysteresis,
-            };
-            if let Err(e) = megatron_optim::LossScaler::from_flags(&flags) {
+            if let Err(e) = megatron_optim::LossScaler::from_flags(&loss_scale_flags(a)) {
                 need(false, e.to_string());
             }
         }
@@ -141,9 +132,19 @@ impl TrainConfig {
             ),
             Some(other) => need(false, format!("--recompute-granularity {other}: expected selective or full")),
         }
+        // Mixed precision (SPEC §6.7, docs/mixed_precision.md): half parameters and activations,
+        // fp32 main parameters in the optimizer, fp32 gradients (--accumulate-allreduce-grads-in-fp32
+        // is always on for half types here; fp16 gradient buffers are not offered).
+        need(!a.grad_reduce_in_bf16 || a.bf16, "--grad-reduce-in-bf16 applies to --bf16 runs only; drop it".into());
         need(
-            !(a.bf16 || a.fp16),
-            "--bf16/--fp16 training is not available yet on this backend; train in fp32 (drop the flag)".into(),
+            !a.grad_reduce_in_bf16 || (world_size / (tp * pp)).max(1) == 1,
+            "--grad-reduce-in-bf16 needs data-parallel size 1 (the data-parallel reducer reduces fp32 \
+             gradients); drop it to reduce in fp32"
+                .into(),
+        );
+        need(
+            a.model == "gpt" || !(a.bf16 || a.fp16),
+            format!("--bf16/--fp16: model `{}` takes no dtype (only `gpt` does); train it in fp32", a.model),
         );
         need(
             (0.0..1.0).contains(&a.hidden_dropout) && (0.0..1.0).contains(&a.attention_dropout),
@@ -254,6 +255,16 @@ impl TrainConfig {
             if a.add_qkv_bias {
                 m.insert("add_qkv_bias".into(), json!(true));
             }
+            // Mixed precision only when asked: other model plugins reject fields they do not know.
+            if let Some(dtype) = self.params_dtype() {
+                m.insert("params_dtype".into(), json!(dtype));
+                if a.fp32_residual_connection {
+                    m.insert("fp32_residual_connection".into(), json!(true));
+                }
+                if a.grad_reduce_in_bf16 {
+                    m.insert("grad_reduce_in_bf16".into(), json!(true));
+                }
+            }
         }
         // Only when given: models without pipeline stages reject fields they do not know.
         let split = [
@@ -268,9 +279,37 @@ impl TrainConfig {
         config
     }
 
+    /// The loss-scaler flags (SPEC §6.7).
+    #[cfg(feature = "optim")]
+    pub fn loss_scale_flags(&self) -> megatron_optim::LossScaleFlags {
+        loss_scale_flags(&self.args)
+    }
+
+    /// The half dtype of `--bf16` / `--fp16`, `None` for fp32 training.
+    pub fn params_dtype(&self) -> Option<megatron_core::DType> {
+        match (self.args.bf16, self.args.fp16) {
+            (true, _) => Some(megatron_core::DType::BF16),
+            (false, true) => Some(megatron_core::DType::F16),
+            (false, false) => None,
+        }
+    }
+
     /// Padded vocabulary (SPEC §3.2).
     pub fn padded_vocab(&self, vocab_size: usize) -> usize {
         let m = self.args.make_vocab_size_divisible_by * self.args.tensor_model_parallel_size;
         vocab_size.div_ceil(m) * m
+    }
+}
+
+#[cfg(feature = "optim")]
+fn loss_scale_flags(a: &PretrainArgs) -> megatron_optim::LossScaleFlags {
+    megatron_optim::LossScaleFlags {
+        fp16: a.fp16,
+        bf16: a.bf16,
+        loss_scale: a.loss_scale,
+        initial_loss_scale: a.initial_loss_scale,
+        min_loss_scale: a.min_loss_scale,
+        loss_scale_window: a.loss_scale_window,
+        hysteresis: a.hysteresis,
     }
 }

@@ -127,8 +127,11 @@ fn check_against_transformers(fixture: &Path, data: &Path) {
 
     // Export back: every tensor bit-identical, tokenizer files copied, config consistent.
     let out = tmp.path().join("hf_out");
-    let args =
-        ExportHfArgs { load: LoadArgs { load: ckpt, backend: "cpu".into(), ..Default::default() }, out: out.clone() };
+    let args = ExportHfArgs {
+        load: LoadArgs { load: ckpt, backend: "cpu".into(), ..Default::default() },
+        out: out.clone(),
+        dtype: None,
+    };
     megatron::hf::export::run(&args, &registry).unwrap();
     let (a, b) = (
         std::fs::read(fixture.join("model.safetensors")).unwrap(),

@@ -133,7 +133,9 @@ fn loss_scale_flags_are_checked() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--min-loss-scale (10000000000) is larger than --initial-loss-scale"), "{err}");
-    assert!(err.contains("--bf16/--fp16 training is not available"), "{err}");
+    let out = megatron().args(base("--train-iters 5 --fp16 --grad-reduce-in-bf16")).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--grad-reduce-in-bf16 applies to --bf16"), "{err}");
     let out = megatron().args(base("--train-iters 5 --bf16 --loss-scale 0")).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--loss-scale must be a finite number > 0"), "{err}");

@@ -1,5 +1,7 @@
 //! `megatron export hf`: a checkpoint (any TP layout: the reader reassembles the shards)
 //! becomes a Hugging Face `GPT2LMHeadModel` directory — `config.json`, `model.safetensors`
+//! (in `--dtype fp32|bf16|fp16`, by default the dtype the checkpoint was trained in: the
+//! stored weights are that dtype's values, so the default loses nothing)
 //! (vocabulary padding removed, tied head stored once as HF does), `generation_config.json`,
 //! and `vocab.json` + `merges.txt` when the tokenizer is GPT-2 BPE. Written into a temporary
 //! directory that is renamed into place, so a crash never leaves a half-written export.
@@ -7,7 +9,8 @@
 use crate::generate::loader::{load_model, LoadArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use megatron_core::Registry;
+use megatron_core::half::{bf16, f16};
+use megatron_core::{DType, Registry};
 use megatron_gpt::{export_hf_gpt2, Export, GptModel, HfTensor};
 use safetensors::{serialize, Dtype};
 use serde_json::json;
@@ -21,6 +24,33 @@ pub struct ExportHfArgs {
     /// Output directory (must not exist, or be empty).
     #[arg(long)]
     pub out: PathBuf,
+    /// dtype of the exported weights: fp32, bf16 or fp16 (default: the training dtype, from
+    /// the checkpoint's --bf16/--fp16).
+    #[arg(long)]
+    pub dtype: Option<String>,
+}
+
+/// The export dtype: `--dtype`, else the checkpoint's training dtype.
+pub fn export_dtype(flag: Option<&str>, ckpt_args: &serde_json::Value) -> Result<DType> {
+    let d = match flag {
+        Some(s) => DType::parse(s)?,
+        None if ckpt_args["bf16"].as_bool() == Some(true) => DType::BF16,
+        None if ckpt_args["fp16"].as_bool() == Some(true) => DType::F16,
+        None => DType::F32,
+    };
+    if !d.is_float() {
+        bail!("--dtype {d}: Hugging Face weights are fp32, bf16 or fp16");
+    }
+    Ok(d)
+}
+
+/// `torch_dtype` of `config.json`.
+fn torch_dtype(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    }
 }
 
 /// Whether `model` is Llama-shaped (RoPE, RMSNorm, SwiGLU, no linear biases): it exports as
@@ -48,14 +78,32 @@ pub fn hf_tensors(model: &GptModel) -> Result<Vec<HfTensor>> {
 
 /// `model.safetensors` bytes (f32, `{"format": "pt"}` metadata as transformers writes).
 pub fn safetensors_bytes(tensors: &[HfTensor]) -> Result<Vec<u8>> {
+    safetensors_bytes_as(tensors, DType::F32)
+}
+
+/// [`safetensors_bytes`] with every tensor rounded (nearest even) to the float dtype `dtype`.
+pub fn safetensors_bytes_as(tensors: &[HfTensor], dtype: DType) -> Result<Vec<u8>> {
+    let st_dtype = match dtype {
+        DType::F32 => Dtype::F32,
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
+        other => bail!("cannot export weights as {other}"),
+    };
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
-        .map(|(n, s, d)| (n.clone(), s.clone(), d.iter().flat_map(|v| v.to_le_bytes()).collect()))
+        .map(|(n, s, d)| {
+            let b: Vec<u8> = match dtype {
+                DType::BF16 => d.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+                DType::F16 => d.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+                _ => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
+            (n.clone(), s.clone(), b)
+        })
         .collect();
     let views = bytes
         .iter()
         .map(|(n, s, b)| {
-            let v = safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b)
+            let v = safetensors::tensor::TensorView::new(st_dtype, s.clone(), b)
                 .map_err(|e| anyhow::anyhow!("tensor `{n}`: {e:?}"))?;
             Ok((n.clone(), v))
         })
@@ -152,11 +200,13 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
 
+    let dtype = export_dtype(args.dtype.as_deref(), &loaded.args)?;
     let tensors = hf_tensors(&loaded.model)?;
-    write_synced(&tmp.join("model.safetensors"), &safetensors_bytes(&tensors)?)?;
+    write_synced(&tmp.join("model.safetensors"), &safetensors_bytes_as(&tensors, dtype)?)?;
     let bos = loaded.tokenizer.special_ids().bos;
-    let config =
+    let mut config =
         if llama { hf_llama_config(&loaded.model, bos, loaded.eod) } else { hf_config(&loaded.model, loaded.eod) };
+    config["torch_dtype"] = json!(torch_dtype(dtype));
     write_synced(&tmp.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     let bos = if llama { json!(bos) } else { json!(loaded.eod) };
     let gen = json!({ "bos_token_id": bos, "eos_token_id": loaded.eod, "_from_model_config": true });
@@ -197,7 +247,7 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     }
     std::fs::rename(&tmp, out).with_context(|| format!("cannot move {} to {}", tmp.display(), out.display()))?;
     println!(
-        "exported iteration {} of {} to {} ({} tensors, vocab {})",
+        "exported iteration {} of {} to {} ({} tensors, vocab {}, {dtype})",
         loaded.iteration,
         args.load.load.display(),
         out.display(),

@@ -51,11 +51,74 @@ const SHAPE_ARGS: [&str; 10] = [
 ];
 
 impl Trainer {
+    /// The mixed-precision parts of a loaded optimizer state (SPEC §6.7), so checkpoints move
+    /// between fp32, bf16 and fp16 runs:
+    /// * the loss scaler resumes from the stored `grad_scaler` (a run without a stored one, e.g.
+    ///   from fp32 or bf16, starts from the configured initial scale);
+    /// * a half run gets the fp32 main parameters: the stored ones (`{param}.main_param`), or,
+    ///   from an fp32 checkpoint, its fp32 weights (not the rounded model values);
+    /// * an fp32 run continuing a half run takes the stored fp32 main parameters as its weights
+    ///   (they are exact; the stored weights are their rounding).
+    fn load_precision_state(
+        &mut self,
+        ckpt: &megatron_checkpoint::LoadedCheckpoint,
+        state: &mut megatron_core::OptimizerState,
+    ) -> Result<()> {
+        let bk = self.backend.clone();
+        let main = megatron_optim::take_main_params(state);
+        if let (Some(scaler), Some(stored)) = (self.loss_scaler.as_mut(), state.scalars.get("grad_scaler")) {
+            scaler.load_state_dict(stored)?;
+        }
+        if self.cfg.params_dtype().is_some() {
+            let main = if main.is_empty() { self.checkpoint_weights_f32(ckpt)? } else { main };
+            let suffix = megatron_optim::MAIN_PARAM;
+            state.tensors.extend(main.into_iter().map(|(name, t)| (format!("{name}.{suffix}"), t)));
+        } else if !main.is_empty() {
+            for p in self.model.params_mut() {
+                if let Some(t) = main.get(&p.name) {
+                    let r =
+                        if t.dtype() == p.value.dtype() { bk.copy(t, &mut p.value) } else { bk.cast(t, &mut p.value) };
+                    r.with_context(|| format!("loading the fp32 main parameter of `{}`", p.name))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This rank's slices of the checkpoint's weights, read as fp32.
+    fn checkpoint_weights_f32(
+        &self,
+        ckpt: &megatron_checkpoint::LoadedCheckpoint,
+    ) -> Result<std::collections::BTreeMap<String, megatron_core::DeviceTensor>> {
+        let bk = self.backend.as_ref();
+        let mut temps = Vec::new();
+        for p in self.model.params() {
+            temps.push(megatron_core::Param {
+                name: p.name.clone(),
+                value: bk.zeros(p.value.shape(), megatron_core::DType::F32)?,
+                grad: bk.zeros(&[0], megatron_core::DType::F32)?,
+                layout: p.layout.clone(),
+            });
+        }
+        let mut refs: Vec<&mut megatron_core::Param> = temps.iter_mut().collect();
+        ckpt.load_params(&mut refs, bk)?;
+        Ok(temps.into_iter().map(|p| (p.name, p.value)).collect())
+    }
+
     /// Saves a checkpoint of the current state under `--save`.
     pub fn save(&mut self) -> Result<()> {
         let Some(dir) = self.cfg.args.save.clone() else { return Ok(()) };
         let a = &self.cfg.args;
-        let optimizer = if a.no_save_optim { None } else { Some(self.optimizer.state(self.backend.as_ref())?) };
+        let optimizer = if a.no_save_optim {
+            None
+        } else {
+            let mut state = self.optimizer.state(self.backend.as_ref())?;
+            // Megatron keeps the loss scaler's state in the optimizer's state dict.
+            if let (Some(scaler), Some(m)) = (&self.loss_scaler, state.scalars.as_object_mut()) {
+                m.insert("grad_scaler".into(), scaler.state_dict());
+            }
+            Some(state)
+        };
         let meta = megatron_checkpoint::CheckpointMeta {
             consumed_train_samples: self.state.consumed_train_samples,
             consumed_valid_samples: self.state.consumed_valid_samples,
@@ -136,8 +199,12 @@ impl Trainer {
         self.state.consumed_valid_samples = meta.consumed_valid_samples;
         self.state.num_floating_point_operations_so_far = meta.num_floating_point_operations_so_far;
         if !a.no_load_optim {
+            let mut state = {
+                let params = self.model.params();
+                ckpt.optimizer_state(&params, self.backend.as_ref())?
+            };
+            self.load_precision_state(&ckpt, &mut state)?;
             let params = self.model.params();
-            let state = ckpt.optimizer_state(&params, self.backend.as_ref())?;
             self.optimizer.load_state(state, &params, self.backend.as_ref())?;
             self.lr_schedule.load_state_dict(&meta.lr_scheduler, a.override_opt_param_scheduler)?;
         } else {

@@ -6,6 +6,7 @@ mod checkpointing;
 pub mod comm_timing;
 pub mod data;
 pub mod log;
+mod loss_scaling;
 pub mod memory;
 mod mpi_rank;
 mod multi_rank;
@@ -59,6 +60,8 @@ pub struct Trainer {
     pub tokenizer_fingerprint: String,
     /// Set by SIGINT/SIGTERM: save and exit after the current iteration.
     pub stop: Arc<AtomicBool>,
+    /// The fp16 loss scaler (or `--loss-scale` with bf16); `None` otherwise (SPEC §6.7).
+    pub loss_scaler: Option<megatron_optim::LossScaler>,
 }
 
 /// What a run did (for tests and the CLI's exit message).
@@ -133,7 +136,7 @@ impl Trainer {
         let progress = log::Progress::new(self.state.iteration);
         let mut summary = TrainSummary::default();
         let (mut interval_start, mut interval_iters) = (Instant::now(), 0u64);
-        let (mut loss_sum, mut loss_count, mut last_norm) = (0.0f64, 0u64, None);
+        let (mut loss_sum, mut loss_count) = (0.0f64, 0u64);
         let mut last_saved = None;
         while self.state.iteration < args.train_iters {
             let step = self.train_step()?;
@@ -150,7 +153,6 @@ impl Trainer {
             } else {
                 loss_sum += step.loss;
                 loss_count += 1;
-                last_norm = Some(step.grad_norm);
             }
             summary.losses.push((self.state.iteration, step.loss));
             summary.grad_norms.push((self.state.iteration, step.grad_norm));
@@ -162,13 +164,16 @@ impl Trainer {
                 self.emit("batch-size", gbs as f64)?;
                 self.emit("lm loss", step.loss)?;
                 if args.log_loss_scale_to_tensorboard {
-                    // fp32 training has no loss scaling: Megatron's scale is then 1.0.
-                    self.emit("loss-scale", 1.0)?;
+                    // Without loss scaling (fp32, bf16) Megatron's scale is 1.0.
+                    self.emit("loss-scale", self.loss_scale())?;
                 }
                 if args.log_world_size_to_tensorboard {
                     self.emit("world-size", self.ctx.world_size() as f64)?;
                 }
-                self.emit("grad-norm", step.grad_norm)?;
+                if !step.skipped {
+                    // A skipped update has no gradient norm (Megatron logs none).
+                    self.emit("grad-norm", step.grad_norm)?;
+                }
             }
             if it.is_multiple_of(args.log_interval) {
                 let secs = interval_start.elapsed().as_secs_f64() / interval_iters as f64;
@@ -181,8 +186,9 @@ impl Trainer {
                     lr: self.lr_schedule.lr(),
                     global_batch_size: gbs,
                     lm_loss: if loss_count > 0 { loss_sum / loss_count as f64 } else { 0.0 },
-                    loss_scale: 1.0,
-                    grad_norm: last_norm,
+                    loss_scale: self.loss_scale(),
+                    // The last iteration's norm, none when it was skipped (Megatron).
+                    grad_norm: (!step.skipped).then_some(step.grad_norm),
                     skipped_iters: self.state.skipped_iters,
                     nan_iters: self.state.nan_iters,
                 };

@@ -149,6 +149,12 @@ pub fn build_trainer_with_comm(
     } else {
         (strategy.grad_sync(&model.params(), backend.clone(), &ctx)?, optimizer)
     };
+    // --bf16/--fp16: the optimizer steps fp32 main parameters (SPEC §6.7).
+    let optimizer: Box<dyn megatron_core::Optimizer> = match cfg.params_dtype() {
+        Some(_) => Box::new(megatron_optim::MixedPrecisionOptimizer::new(optimizer)),
+        None => optimizer,
+    };
+    let loss_scaler = megatron_optim::LossScaler::from_flags(&cfg.loss_scale_flags())?;
 
     let mut sinks: Vec<Box<dyn MetricsSink>> = Vec::new();
     if let Some(dir) = &a.tensorboard_dir {
@@ -174,6 +180,7 @@ pub fn build_trainer_with_comm(
         state: TrainState::default(),
         tokenizer_fingerprint,
         stop,
+        loss_scaler,
     };
     trainer.maybe_load()?;
     Ok(trainer)

@@ -63,14 +63,17 @@ impl Trainer {
             Some(s) => s.grads_ready(ps),
             None => Ok(()),
         };
-        let reports = self.schedule.run_with_grad_hook(
-            self.model.as_mut(),
-            &mut next_batch,
-            m,
-            false,
-            &self.ctx,
-            &mut on_grads_ready,
-        )?;
+        // fp16: the backward starts from the scaled loss (SPEC §6.7).
+        let mut scaled;
+        let model: &mut dyn megatron_core::Model = match &self.loss_scaler {
+            Some(scaler) => {
+                scaled = super::loss_scaling::ScaledLoss::new(self.model.as_mut(), scaler.scale() as f32);
+                &mut scaled
+            }
+            None => self.model.as_mut(),
+        };
+        let reports =
+            self.schedule.run_with_grad_hook(model, &mut next_batch, m, false, &self.ctx, &mut on_grads_ready)?;
         // SPEC §5.10: data-parallel sync, then the embedding-group reduction of tied copies.
         {
             let mut params = self.model.params_mut();
@@ -82,6 +85,11 @@ impl Trainer {
         self.model.finalize_grads()?;
         let loss = global_mean(&reports, self)?;
         let dp_group = self.cfg.args.use_distributed_optimizer.then(|| self.dp_cp_group());
+        if self.unscale_and_check(dp_group.as_ref())? {
+            // Overflow: skip the update and the LR step; the scaler has backed off (SPEC §6.7).
+            let lr = self.lr_schedule.lr();
+            return Ok(StepResult { loss, grad_norm: 0.0, skipped: true, lr });
+        }
         let grad_norm = {
             let mut params = self.model.params_mut();
             // The distributed optimizer leaves each DP rank its shard of the reduced grads

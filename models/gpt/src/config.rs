@@ -2,7 +2,8 @@
 //! snake_case), its validation, vocabulary padding (SPEC §3.2) and FLOPs (SPEC §6.13).
 
 use anyhow::{bail, Result};
-use megatron_transformer::{NormKind, RotaryConfig, TransformerConfig};
+use megatron_core::DType;
+use megatron_transformer::{NormKind, Precision, RotaryConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -38,6 +39,12 @@ fn default_one() -> f32 {
 }
 fn is_false(b: &bool) -> bool {
     !*b
+}
+fn default_dtype() -> DType {
+    DType::F32
+}
+fn is_f32(d: &DType) -> bool {
+    *d == DType::F32
 }
 
 /// GPT architecture and initialization. Defaults are Megatron's.
@@ -108,6 +115,16 @@ pub struct GptConfig {
     /// Decoder layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// dtype of parameters and activations: `f32`, `bf16` (`--bf16`) or `f16` (`--fp16`); the
+    /// fp32 main parameters live in the optimizer (SPEC §6.7).
+    #[serde(default = "default_dtype", skip_serializing_if = "is_f32")]
+    pub params_dtype: DType,
+    /// `--fp32-residual-connection`: the residual stream stays fp32 in a half model.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fp32_residual_connection: bool,
+    /// `--grad-reduce-in-bf16`: bf16 gradient buffers instead of fp32 ones (bf16 models).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub grad_reduce_in_bf16: bool,
 }
 
 impl GptConfig {
@@ -147,7 +164,22 @@ impl GptConfig {
             add_bias_linear: true,
             decoder_first_pipeline_num_layers: None,
             decoder_last_pipeline_num_layers: None,
+            params_dtype: DType::F32,
+            fp32_residual_connection: false,
+            grad_reduce_in_bf16: false,
         }
+    }
+
+    /// The dtypes the modules are built with (see `megatron_transformer::precision`).
+    pub fn precision(&self) -> Result<Precision> {
+        let mut p = Precision::new(self.params_dtype, self.fp32_residual_connection)?;
+        if self.grad_reduce_in_bf16 {
+            if self.params_dtype != DType::BF16 {
+                bail!("grad_reduce_in_bf16 (--grad-reduce-in-bf16) needs bf16 parameters (--bf16)");
+            }
+            p.grads = DType::BF16;
+        }
+        Ok(p)
     }
 
     pub fn ffn_hidden_size(&self) -> usize {
@@ -191,6 +223,7 @@ impl GptConfig {
         if self.init_method_std.is_nan() || self.init_method_std <= 0.0 {
             bail!("init_method_std must be > 0, got {}", self.init_method_std);
         }
+        self.precision()?;
         Ok(())
     }
 

@@ -88,7 +88,7 @@ impl GptModel {
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;
         let tcfg = config.transformer_config();
-        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
+        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed).with_precision(config.precision()?);
         let (h, std) = (config.hidden_size, config.init_method_std);
         let embedding = if first && config.uses_rope() {
             Some(LanguageModelEmbedding::without_positions(
@@ -253,7 +253,7 @@ impl Model for GptModel {
         self.run_forward(Some(&ids), None, &step)?;
         self.run_logits(&step)?;
         let mut out = self.backend.zeros(self.logits.shape(), DType::F32)?;
-        self.backend.copy(&self.logits, &mut out)?;
+        megatron_transformer::step::copy_any(self.backend.as_ref(), &self.logits, &mut out)?;
         Ok(out)
     }
 
@@ -294,7 +294,9 @@ impl Model for GptModel {
     }
 
     fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
-        self.backend.zeros(&[batch.micro_batch_size, batch.seq_length, self.config.hidden_size], DType::F32)
+        // Stages exchange the residual stream (and its gradient) in its own dtype.
+        let dtype = self.decoder.residual_dtype();
+        self.backend.zeros(&[batch.micro_batch_size, batch.seq_length, self.config.hidden_size], dtype)
     }
 
     fn forward_stage(

@@ -9,8 +9,8 @@
 
 use crate::model::GptModel;
 use anyhow::{bail, Context, Result};
-use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
-use megatron_transformer::step::ensure_shape;
+use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
+use megatron_transformer::step::{copy_any, ensure_buffer};
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
 use megatron_transformer::{linear_backward, linear_forward, SavedActivations, StepInfo};
 
@@ -48,7 +48,11 @@ impl GptModel {
     /// Output layer on the decoder output: fills `self.logits (B, T, V/tp)` (last stage).
     pub(crate) fn run_logits(&mut self, step: &StepInfo) -> Result<()> {
         let vocab_local = self.vocab_padded / self.ctx.tp_size();
-        ensure_shape(self.backend.as_ref(), &mut self.logits, &[step.batch, step.seq, vocab_local])?;
+        // Logits in the activation dtype (Megatron's half logits); the cross entropy widens
+        // them and keeps its statistics in fp32, and its in-place backward rounds the fp32
+        // gradient once into this buffer (Megatron's `.float()` backward).
+        let dtype = self.config.params_dtype;
+        ensure_buffer(self.backend.as_ref(), &mut self.logits, &[step.batch, step.seq, vocab_local], dtype)?;
         let w = match (&self.output_layer, &self.shared_embedding, &self.embedding) {
             (Some(p), _, _) | (None, Some(p), _) => &p.value,
             (None, None, Some(e)) => &e.word_embeddings.weight.value,
@@ -121,8 +125,9 @@ impl GptModel {
             }
             (StageOutput::Loss(report), Some(labels))
         } else {
-            let mut hidden = self.backend.zeros(self.decoder.output().shape(), DType::F32)?;
-            self.backend.copy(self.decoder.output(), &mut hidden)?;
+            let out = self.decoder.output();
+            let mut hidden = self.backend.zeros(out.shape(), out.dtype())?;
+            self.backend.copy(out, &mut hidden)?;
             (StageOutput::Hidden(hidden), None)
         };
         if train {
@@ -166,7 +171,8 @@ impl GptModel {
             let vocab_start = self.vocab_start();
             self.cross_entropy.backward_inplace(&mut self.logits, labels, vocab_start, &d_loss)?;
             // Output layer backward (the logits buffer now holds d_logits).
-            ensure_shape(bk, &mut self.d_hidden, self.decoder.output().shape())?;
+            let out = self.decoder.output();
+            ensure_buffer(bk, &mut self.d_hidden, out.shape(), out.dtype())?;
             let (w, ready_now) =
                 match (self.output_layer.as_mut(), self.shared_embedding.as_mut(), self.embedding.as_mut()) {
                     (Some(p), _, _) | (None, Some(p), _) => (p, true),
@@ -203,8 +209,8 @@ impl GptModel {
                 Ok(None)
             }
             None => {
-                let mut d_in = bk.zeros(d_input.shape(), DType::F32)?;
-                bk.copy(d_input, &mut d_in)?;
+                let mut d_in = bk.zeros(d_input.shape(), d_input.dtype())?;
+                copy_any(bk, d_input, &mut d_in)?;
                 Ok(Some(d_in))
             }
         }

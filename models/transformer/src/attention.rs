@@ -15,7 +15,7 @@
 use crate::init::ModuleBuilder;
 use crate::linear::{LinearConfig, LinearLayer};
 use crate::spec::{RotaryConfig, SelfAttentionSpec, SpecProvider, TransformerConfig};
-use crate::step::{empty, ensure_shape, DropoutSite, ModuleScratch, StepInfo};
+use crate::step::{empty, ensure_buffer, ensure_shape, DropoutSite, ModuleScratch, StepInfo};
 use anyhow::Result;
 use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, GqaSpec, KvCacheAttentionSpec, Param, RotarySpec};
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub struct SelfAttention {
     attention_dropout: f32,
     layer: usize,
     tp_rank: usize,
+    /// dtype of the activations (the builder's parameter dtype); `lse` stays fp32.
+    act: DType,
     qkv_grouped: DeviceTensor, // GQA only: (B, T, ng/tp, r+2, hn), not needed by backward
     qkv: DeviceTensor,         // (B, T, np/tp, 3, hn) rotated, kept as (B, T, 3·np/tp·hn)
     context: DeviceTensor,     // (B, T, np/tp * hn)
@@ -77,6 +79,7 @@ impl SelfAttention {
             attention_dropout: cfg.attention_dropout,
             layer,
             tp_rank: b.tp_rank(),
+            act: b.dtype(),
             qkv_grouped: empty(bk)?,
             qkv: empty(bk)?,
             context: empty(bk)?,
@@ -130,9 +133,9 @@ impl SelfAttention {
         let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);
         let backend = self.backend.clone();
         let bk = backend.as_ref();
-        ensure_shape(bk, &mut self.qkv, &[b, t, np * 3 * hn])?;
+        ensure_buffer(bk, &mut self.qkv, &[b, t, np * 3 * hn], self.act)?;
         if self.is_gqa() {
-            ensure_shape(bk, &mut self.qkv_grouped, &[b, t, (np + 2 * ng) * hn])?;
+            ensure_buffer(bk, &mut self.qkv_grouped, &[b, t, (np + 2 * ng) * hn], self.act)?;
             self.linear_qkv.forward(x, &mut self.qkv_grouped)?;
             let spec = self.gqa_spec(b * t);
             bk.gqa_expand(&self.qkv_grouped, &mut self.qkv, spec)?;
@@ -150,7 +153,7 @@ impl SelfAttention {
         let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
         self.project_qkv(x, b, t, 0)?;
         let backend = self.backend.as_ref();
-        ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
+        ensure_buffer(backend, &mut self.context, &[b, t, np * hn], self.act)?;
         ensure_shape(backend, &mut self.lse, &[b, np, t])?;
         let spec = self.spec(step);
         backend.attention_forward(&self.qkv, &mut self.context, &mut self.lse, spec)?;
@@ -168,12 +171,12 @@ impl SelfAttention {
     ) -> Result<()> {
         let backend = self.backend.as_ref();
         let gqa = self.is_gqa();
-        ensure_shape(backend, &mut scratch.d_context, self.context.shape())?;
+        ensure_buffer(backend, &mut scratch.d_context, self.context.shape(), self.act)?;
         self.linear_proj.backward(&self.context, d_out, Some(&mut scratch.d_context))?;
         let spec = self.spec(step);
         // d of the per-head (rotated) qkv: straight into d_qkv without GQA.
         let d_heads = if gqa { &mut scratch.d_qkv_heads } else { &mut scratch.d_qkv };
-        ensure_shape(backend, d_heads, self.qkv.shape())?;
+        ensure_buffer(backend, d_heads, self.qkv.shape(), self.qkv.dtype())?;
         backend.attention_backward(&scratch.d_context, &self.qkv, &self.context, &self.lse, d_heads, spec)?;
         if let Some(rs) = self.rotary_spec(step.batch, step.seq, 0) {
             // The rotation is orthogonal: its backward is the inverse rotation.
@@ -181,7 +184,7 @@ impl SelfAttention {
         }
         if gqa {
             let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);
-            ensure_shape(backend, &mut scratch.d_qkv, &[step.batch, step.seq, (np + 2 * ng) * hn])?;
+            ensure_buffer(backend, &mut scratch.d_qkv, &[step.batch, step.seq, (np + 2 * ng) * hn], self.act)?;
             backend.gqa_reduce(&scratch.d_qkv_heads, &mut scratch.d_qkv, self.gqa_spec(step.tokens()))?;
         }
         self.linear_qkv.backward(x, &scratch.d_qkv, Some(d_x))
@@ -221,7 +224,7 @@ impl SelfAttention {
         let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
         self.project_qkv(x, b, t, offset)?;
         let backend = self.backend.as_ref();
-        ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
+        ensure_buffer(backend, &mut self.context, &[b, t, np * hn], self.act)?;
         let spec = KvCacheAttentionSpec {
             batch: b,
             new_tokens: t,

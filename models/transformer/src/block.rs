@@ -7,15 +7,19 @@ use crate::init::ModuleBuilder;
 use crate::layer::TransformerLayer;
 use crate::norm::NormLayer;
 use crate::spec::{SpecProvider, TransformerBlockSpec, TransformerConfig};
-use crate::step::{empty, ensure_shape, BackwardScratch, StepInfo};
+use crate::step::{copy_any, empty, ensure_buffer, BackwardScratch, StepInfo};
 use anyhow::{bail, Result};
-use megatron_core::{Backend, DeviceTensor, Param};
+use megatron_core::{Backend, DType, DeviceTensor, Param};
 use std::ops::Range;
 use std::sync::Arc;
 
 pub struct TransformerBlock {
     backend: Arc<dyn Backend>,
     hidden: usize,
+    /// dtype of the residual stream (and of `output` without a final norm) and of the final
+    /// norm's output (the activation dtype).
+    residual_dtype: DType,
+    output_dtype: DType,
     pub layers: Vec<TransformerLayer>,
     pub final_layernorm: Option<Box<dyn NormLayer>>,
     /// `residuals[0]` is the block input, `residuals[l + 1]` the output of layer `l`.
@@ -73,8 +77,12 @@ impl TransformerBlock {
         };
         let backend = b.backend.clone();
         let bk = backend.as_ref();
+        let residual_dtype = b.precision.residual;
+        let output_dtype = if final_layernorm.is_some() { b.dtype() } else { residual_dtype };
         Ok(TransformerBlock {
             hidden: cfg.hidden_size,
+            residual_dtype,
+            output_dtype,
             residuals: (0..=layers.len()).map(|_| empty(bk)).collect::<Result<_>>()?,
             output: empty(bk)?,
             d_residual: empty(bk)?,
@@ -88,9 +96,11 @@ impl TransformerBlock {
     /// The `(B, T, C)` input buffer, sized for `step`: the embedding writes into it.
     pub fn input_mut(&mut self, step: &StepInfo) -> Result<&mut DeviceTensor> {
         let shape = [step.batch, step.seq, self.hidden];
-        for t in self.residuals.iter_mut().chain([&mut self.output, &mut self.d_residual]) {
-            ensure_shape(self.backend.as_ref(), t, &shape)?;
+        let bk = self.backend.as_ref();
+        for t in self.residuals.iter_mut().chain([&mut self.d_residual]) {
+            ensure_buffer(bk, t, &shape, self.residual_dtype)?;
         }
+        ensure_buffer(bk, &mut self.output, &shape, self.output_dtype)?;
         Ok(&mut self.residuals[0])
     }
 
@@ -103,7 +113,7 @@ impl TransformerBlock {
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
             Some(norm) => norm.forward(last, &mut self.output),
-            None => self.backend.copy(last, &mut self.output),
+            None => copy_any(self.backend.as_ref(), last, &mut self.output),
         }
     }
 
@@ -131,8 +141,13 @@ impl TransformerBlock {
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
             Some(norm) => norm.forward(last, &mut self.output),
-            None => self.backend.copy(last, &mut self.output),
+            None => copy_any(self.backend.as_ref(), last, &mut self.output),
         }
+    }
+
+    /// dtype of the residual stream (what a pipeline stage sends and receives).
+    pub fn residual_dtype(&self) -> DType {
+        self.residual_dtype
     }
 
     /// The `(B, T, C)` block output of the last forward.
@@ -160,7 +175,7 @@ impl TransformerBlock {
                 norm.backward(d_output, last, &mut self.d_residual)?;
                 on_grads_ready(&norm.params())?;
             }
-            None => self.backend.copy(d_output, &mut self.d_residual)?,
+            None => copy_any(self.backend.as_ref(), d_output, &mut self.d_residual)?,
         }
         for (l, layer) in self.layers.iter_mut().enumerate().rev() {
             layer.backward(&self.residuals[l], &mut self.d_residual, &mut self.scratch, step)?;

@@ -3,7 +3,7 @@
 
 use crate::init::{Init, ModuleBuilder, Split};
 use crate::layer::hidden_dropout;
-use crate::step::{empty, ensure_shape, DropoutSite, StepInfo};
+use crate::step::{empty, ensure_buffer, DropoutSite, StepInfo};
 use crate::tp_mappings::all_reduce_tp;
 use anyhow::{bail, Result};
 use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param, ReduceOp};
@@ -136,7 +136,7 @@ impl LanguageModelEmbedding {
     /// Accumulates the word and position table gradients from `d_out (B, T, C)`.
     pub fn backward(&mut self, ids: &DeviceTensor, d_out: &DeviceTensor, step: &StepInfo) -> Result<()> {
         self.ensure_positions(step)?;
-        ensure_shape(self.backend.as_ref(), &mut self.d_embedding, d_out.shape())?;
+        ensure_buffer(self.backend.as_ref(), &mut self.d_embedding, d_out.shape(), d_out.dtype())?;
         self.backend.copy(d_out, &mut self.d_embedding)?;
         hidden_dropout(self.backend.as_ref(), &mut self.d_embedding, self.dropout, 0, DropoutSite::Embedding, step)?;
         if let Some(pos) = self.position_embeddings.as_mut() {

@@ -5,7 +5,9 @@
 //! `--use-cpu-initialization`: the initial model is the same whatever the TP size, which is
 //! what makes TP-parity tests and TP-resharded runs comparable.
 
+use crate::precision::Precision;
 use anyhow::{bail, Result};
+use megatron_core::half::{bf16, f16};
 use megatron_core::{Backend, DType, HostBuffer, ParallelContext, Param, ParamLayout};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -123,17 +125,30 @@ pub fn take_shard(
 }
 
 /// What modules need to create their parameters: the backend, this rank's parallel
-/// context and the base seed.
+/// context, the base seed and the dtypes ([`Precision`]) of parameters and activations.
 #[derive(Clone)]
 pub struct ModuleBuilder {
     pub backend: Arc<dyn Backend>,
     pub ctx: ParallelContext,
     pub seed: u64,
+    pub precision: Precision,
 }
 
 impl ModuleBuilder {
+    /// An fp32 builder.
     pub fn new(backend: Arc<dyn Backend>, ctx: ParallelContext, seed: u64) -> ModuleBuilder {
-        ModuleBuilder { backend, ctx, seed }
+        ModuleBuilder { backend, ctx, seed, precision: Precision::default() }
+    }
+
+    /// The same builder making modules of `precision`.
+    pub fn with_precision(mut self, precision: Precision) -> ModuleBuilder {
+        self.precision = precision;
+        self
+    }
+
+    /// dtype of parameters and activations.
+    pub fn dtype(&self) -> DType {
+        self.precision.params
     }
 
     pub fn tp_size(&self) -> usize {
@@ -152,8 +167,10 @@ impl ModuleBuilder {
         let shard = take_shard(&global, global_shape, split, tp_rank, tp_size)
             .map_err(|e| anyhow::anyhow!("parameter `{name}`: {e}"))?;
         let shape = local_shape(global_shape, split, tp_size)?;
-        let value = self.backend.from_host(HostBuffer::F32(shard), &shape)?;
-        let grad = self.backend.zeros(&shape, DType::F32)?;
+        // Drawn in fp32, then rounded once to the parameter dtype (Megatron initialises the
+        // fp32 tensor and casts the module with `.bfloat16()`/`.half()`).
+        let value = self.backend.from_host(round_to(shard, self.precision.params)?, &shape)?;
+        let grad = self.backend.zeros(&shape, self.precision.grads)?;
         let tp_axis = match split {
             Split::Replicated => None,
             Split::Rows { .. } => Some(0),
@@ -169,6 +186,16 @@ impl ModuleBuilder {
         };
         Ok(Param { name: name.to_string(), value, grad, layout })
     }
+}
+
+/// `v` rounded (nearest even) to the float dtype `dtype`.
+pub fn round_to(v: Vec<f32>, dtype: DType) -> Result<HostBuffer> {
+    Ok(match dtype {
+        DType::F32 => HostBuffer::F32(v),
+        DType::BF16 => HostBuffer::BF16(v.into_iter().map(bf16::from_f32).collect()),
+        DType::F16 => HostBuffer::F16(v.into_iter().map(f16::from_f32).collect()),
+        other => bail!("parameters must be a float type, not {other}"),
+    })
 }
 
 #[cfg(test)]

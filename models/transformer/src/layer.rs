@@ -1,7 +1,8 @@
 //! One pre-norm transformer layer (SPEC §4.1):
 //! `h1 = x + dropout(attn(norm1(x)))`, `y = h1 + dropout(mlp(norm2(h1)))`.
 //!
-//! Activation memory kept per layer for backward (f32 elements, `N = B*T`, `C` hidden,
+//! Activation memory kept per layer for backward (elements of the activation dtype, 4 bytes
+//! in fp32 and 2 in bf16/fp16, see [`crate::precision`]; `N = B*T`, `C` hidden,
 //! `F` ffn, `np` heads, all divided by `tp` where the layer is tensor-parallel):
 //! the layer input `x` (`N·C`, owned by the block), `norm1(x)`, `h1`, `norm2(h1)` (`3·N·C`),
 //! `qkv` (`3·N·C/tp`), the attention context (`N·C/tp`), `fc1` and activation outputs
@@ -15,9 +16,9 @@ use crate::init::ModuleBuilder;
 use crate::mlp::Mlp;
 use crate::norm::NormLayer;
 use crate::spec::{SpecProvider, TransformerConfig, TransformerLayerSpec};
-use crate::step::{empty, ensure_shape, BackwardScratch, DropoutSite, StepInfo};
+use crate::step::{empty, ensure_buffer, BackwardScratch, DropoutSite, StepInfo};
 use anyhow::{Context, Result};
-use megatron_core::{Backend, DeviceTensor, Param};
+use megatron_core::{Backend, DType, DeviceTensor, Param};
 use std::sync::Arc;
 
 pub struct TransformerLayer {
@@ -29,6 +30,9 @@ pub struct TransformerLayer {
     pub pre_mlp_layernorm: Box<dyn NormLayer>,
     pub mlp: Mlp,
     hidden_dropout: f32,
+    /// dtype of the norm outputs (the parameter dtype) and of the residual stream `h1`.
+    act: DType,
+    residual: DType,
     ln1_out: DeviceTensor, // (B, T, C)
     h1: DeviceTensor,      // (B, T, C)
     ln2_out: DeviceTensor, // (B, T, C)
@@ -65,6 +69,8 @@ impl TransformerLayer {
             )?,
             mlp: Mlp::new(b, provider, &format!("{prefix}.mlp"), cfg, spec.mlp)?,
             hidden_dropout: cfg.hidden_dropout,
+            act: b.dtype(),
+            residual: b.precision.residual,
             layer_number,
             ln1_out: empty(backend.as_ref())?,
             h1: empty(backend.as_ref())?,
@@ -77,9 +83,9 @@ impl TransformerLayer {
     pub fn forward(&mut self, x: &DeviceTensor, y: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
         let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
         let backend = self.backend.as_ref();
-        for t in [&mut self.ln1_out, &mut self.h1, &mut self.ln2_out] {
-            ensure_shape(backend, t, &shape)?;
-        }
+        ensure_buffer(backend, &mut self.ln1_out, &shape, self.act)?;
+        ensure_buffer(backend, &mut self.h1, &shape, self.residual)?;
+        ensure_buffer(backend, &mut self.ln2_out, &shape, self.act)?;
         self.input_layernorm.forward(x, &mut self.ln1_out)?;
         // h1 = x + dropout(attn(ln1(x))): the branch is written into h1, then x is added.
         self.self_attention.forward(&self.ln1_out, &mut self.h1, step)?;
@@ -106,9 +112,9 @@ impl TransformerLayer {
     ) -> Result<()> {
         let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
         let backend = self.backend.as_ref();
-        for t in [&mut self.ln1_out, &mut self.h1, &mut self.ln2_out] {
-            ensure_shape(backend, t, &shape)?;
-        }
+        ensure_buffer(backend, &mut self.ln1_out, &shape, self.act)?;
+        ensure_buffer(backend, &mut self.h1, &shape, self.residual)?;
+        ensure_buffer(backend, &mut self.ln2_out, &shape, self.act)?;
         self.input_layernorm.forward(x, &mut self.ln1_out)?;
         self.self_attention.forward_cached(&self.ln1_out, &mut self.h1, cache, offset, key_start, step)?;
         backend.axpy(&mut self.h1, 1.0, x)?;
@@ -128,8 +134,9 @@ impl TransformerLayer {
     ) -> Result<()> {
         let backend = self.backend.clone();
         let BackwardScratch { d_branch, d_norm, inner } = scratch;
-        ensure_shape(backend.as_ref(), d_branch, d_res.shape())?;
-        ensure_shape(backend.as_ref(), d_norm, d_res.shape())?;
+        // d_branch carries residual-stream gradients, d_norm the norms' (activation dtype).
+        ensure_buffer(backend.as_ref(), d_branch, d_res.shape(), d_res.dtype())?;
+        ensure_buffer(backend.as_ref(), d_norm, d_res.shape(), self.act)?;
         let (p, layer) = (self.hidden_dropout, self.layer_number);
         let ctx = || format!("backward of decoder layer {layer}");
 

@@ -19,6 +19,7 @@ pub mod layer;
 pub mod linear;
 pub mod mlp;
 pub mod norm;
+pub mod precision;
 pub mod spec;
 pub mod step;
 pub mod tp_mappings;
@@ -32,6 +33,7 @@ pub use layer::TransformerLayer;
 pub use linear::{linear_backward, linear_forward, ColumnParallelLinear, LinearConfig, LinearLayer, RowParallelLinear};
 pub use mlp::Mlp;
 pub use norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
+pub use precision::Precision;
 pub use spec::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, RotaryConfig,
     SelfAttentionSpec, SpecProvider, TransformerBlockSpec, TransformerConfig, TransformerLayerSpec,

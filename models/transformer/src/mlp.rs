@@ -5,9 +5,9 @@
 use crate::init::ModuleBuilder;
 use crate::linear::{LinearConfig, LinearLayer};
 use crate::spec::{Activation, MlpSpec, SpecProvider, TransformerConfig};
-use crate::step::{empty, ensure_shape, ModuleScratch, StepInfo};
+use crate::step::{empty, ensure_buffer, ModuleScratch, StepInfo};
 use anyhow::Result;
-use megatron_core::{Backend, DeviceTensor, Param};
+use megatron_core::{Backend, DType, DeviceTensor, Param};
 use std::sync::Arc;
 
 pub struct Mlp {
@@ -17,6 +17,8 @@ pub struct Mlp {
     activation: Activation,
     /// `F/tp`: width of the activation output on this rank.
     ffn_local: usize,
+    /// dtype of the activations (the builder's parameter dtype).
+    act: DType,
     fc1_out: DeviceTensor, // (B, T, F/tp), (B, T, 2F/tp) when gated
     act_out: DeviceTensor, // (B, T, F/tp)
 }
@@ -52,6 +54,7 @@ impl Mlp {
             linear_fc2: provider.row_parallel_linear(b, &format!("{prefix}.linear_fc2"), fc2)?,
             activation: spec.activation,
             ffn_local: f / b.tp_size(),
+            act: b.dtype(),
             fc1_out: empty(backend.as_ref())?,
             act_out: empty(backend.as_ref())?,
             backend,
@@ -69,8 +72,8 @@ impl Mlp {
     pub fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
         let backend = self.backend.as_ref();
         let fc1_width = self.fc1_width();
-        ensure_shape(backend, &mut self.fc1_out, &[step.batch, step.seq, fc1_width])?;
-        ensure_shape(backend, &mut self.act_out, &[step.batch, step.seq, self.ffn_local])?;
+        ensure_buffer(backend, &mut self.fc1_out, &[step.batch, step.seq, fc1_width], self.act)?;
+        ensure_buffer(backend, &mut self.act_out, &[step.batch, step.seq, self.ffn_local], self.act)?;
         self.linear_fc1.forward(x, &mut self.fc1_out)?;
         match self.activation {
             Activation::GeluTanh => backend.gelu_forward(&self.fc1_out, &mut self.act_out)?,
@@ -88,8 +91,8 @@ impl Mlp {
         scratch: &mut ModuleScratch,
     ) -> Result<()> {
         let backend = self.backend.as_ref();
-        ensure_shape(backend, &mut scratch.d_act, self.act_out.shape())?;
-        ensure_shape(backend, &mut scratch.d_fc1, self.fc1_out.shape())?;
+        ensure_buffer(backend, &mut scratch.d_act, self.act_out.shape(), self.act)?;
+        ensure_buffer(backend, &mut scratch.d_fc1, self.fc1_out.shape(), self.act)?;
         self.linear_fc2.backward(&self.act_out, d_out, Some(&mut scratch.d_act))?;
         match self.activation {
             Activation::GeluTanh => backend.gelu_backward(&self.fc1_out, &scratch.d_act, &mut scratch.d_fc1)?,

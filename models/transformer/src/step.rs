@@ -72,6 +72,24 @@ pub fn ensure_shape(backend: &dyn Backend, t: &mut DeviceTensor, shape: &[usize]
     Ok(())
 }
 
+/// Reallocates `t` (zeros of `dtype`) unless it already has `shape` and `dtype`: the
+/// activation and gradient buffers of a half-precision model.
+pub fn ensure_buffer(backend: &dyn Backend, t: &mut DeviceTensor, shape: &[usize], dtype: DType) -> Result<()> {
+    if t.shape() != shape || t.dtype() != dtype {
+        *t = backend.zeros(shape, dtype)?;
+    }
+    Ok(())
+}
+
+/// `dst = src`, converting when the dtypes differ (e.g. an fp32 residual into a half buffer).
+pub fn copy_any(backend: &dyn Backend, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
+    if src.dtype() == dst.dtype() {
+        backend.copy(src, dst)
+    } else {
+        backend.cast(src, dst)
+    }
+}
+
 /// An empty placeholder until the first forward fixes the shape.
 pub fn empty(backend: &dyn Backend) -> Result<DeviceTensor> {
     backend.zeros(&[0], DType::F32)

@@ -1,5 +1,6 @@
 //! `megatron-optim`: optimizers (Adam/AdamW, SGD), gradient-norm clipping and Megatron's
-//! learning-rate / weight-decay schedule (SPEC §6.3–§6.6), and the fp16 loss scaler (§6.7).
+//! learning-rate / weight-decay schedule (SPEC §6.3–§6.6), the fp16 loss scaler and the
+//! mixed-precision wrapper that keeps fp32 main parameters for bf16/fp16 models (§6.7).
 //!
 //! Registers the optimizer plugins `adam` ([`AdamConfig`]) and `sgd` ([`SgdConfig`]) and the
 //! lr-schedule plugin `megatron` ([`LrScheduleConfig`], counts in samples; build it from
@@ -13,6 +14,7 @@ mod lr_flags;
 mod lr_schedule;
 mod lr_state;
 mod lr_styles;
+mod mixed_precision;
 mod sgd;
 mod state_tensors;
 
@@ -25,6 +27,7 @@ pub use loss_scaler::{DynamicScalerConfig, LossScaleFlags, LossScaler};
 pub use lr_flags::{lr_schedule_config_from_flags, LrFlags};
 pub use lr_schedule::{LrScheduleConfig, MegatronLrScheduler};
 pub use lr_styles::{DecayStyle, WdIncrStyle, WsdDecayStyle};
+pub use mixed_precision::{take_main_params, MixedPrecisionOptimizer, MAIN_PARAM};
 pub use sgd::{Sgd, SgdConfig};
 
 /// The name the driver was first promised; it converts sample-based flags too.
