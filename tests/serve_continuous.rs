@@ -310,3 +310,18 @@ fn api_key_back_pressure_and_disconnects() {
     assert_eq!(request(addr, "POST", "/v1/completions", &body, "Authorization: Bearer sekrit\r\n").0, 200);
     srv.shutdown();
 }
+
+#[test]
+fn kv_cache_budget_limits_the_slots() {
+    let m = model();
+    let per_slot = megatron_gpt::SlotKvCache::bytes_per_slot(&m, 64);
+    assert_eq!(per_slot, 2 * 2 * 64 * 32 * 4); // layers × (k, v) × tokens × hidden × f32
+    let cfg = |budget| EngineConfig { max_batch_size: 8, kv_cache_budget: budget, ..EngineConfig::default() };
+    assert_eq!(engine(&m, 64, &cfg(None)).unwrap().0.slots, 8);
+    assert_eq!(engine(&m, 64, &cfg(Some(3 * per_slot + 1))).unwrap().0.slots, 3);
+    let e = engine(&m, 64, &cfg(Some(per_slot - 1))).err().unwrap();
+    assert!(format!("{e:#}").contains("holds no slot"), "{e:#}");
+    assert_eq!(megatron::serve::parse_bytes("512MiB"), Ok(512 << 20));
+    assert_eq!(megatron::serve::parse_bytes("3"), Ok(3));
+    assert!(megatron::serve::parse_bytes("2 parsecs").is_err());
+}
