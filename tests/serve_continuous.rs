@@ -325,3 +325,21 @@ fn kv_cache_budget_limits_the_slots() {
     assert_eq!(megatron::serve::parse_bytes("3"), Ok(3));
     assert!(megatron::serve::parse_bytes("2 parsecs").is_err());
 }
+
+#[test]
+fn static_batching_still_serves_put_api() {
+    let srv = server(64, ServeOptions { batching: megatron::serve::Batching::Static, ..ServeOptions::default() });
+    let addr = srv.addr();
+    let greedy = json!({"prompts": ["1 2 3", "4"], "tokens_to_generate": 5, "top_k": 1});
+    let (s, st) = post(addr, "/api", greedy.clone());
+    assert_eq!(s, 200, "{st}");
+    let (s, v) = post(addr, "/api", json!({"prompts": ["1 2 3"], "tokens_to_generate": 62}));
+    assert!(s == 400 && v["error"].as_str().unwrap().contains("exceeds the model's context"), "{v}");
+    let (s, v) = post(addr, "/v1/completions", json!({"prompt": "1"}));
+    assert_eq!((s, v["error"]["code"].as_str()), (503, Some("static_batching")), "{v}");
+    srv.shutdown();
+    // The same greedy request through the continuous engine gives the same tokens.
+    let srv = server(64, ServeOptions::default());
+    assert_eq!(post(srv.addr(), "/api", greedy).1["tokens"], st["tokens"]);
+    srv.shutdown();
+}

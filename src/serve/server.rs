@@ -139,6 +139,7 @@ pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> 
     let max_batch = opts.max_batch_prompts.max(1);
     let mut api = None;
     let (eod, vocab_size) = (loaded.eod, loaded.vocab_size);
+    let max_positions = loaded.model.config().max_position_embeddings;
     if opts.batching == Batching::Continuous {
         let cfg = EngineConfig { max_batch_size: max_batch, ..opts.engine.clone() };
         let (handle, engine) = megatron_serving::engine(&loaded.model, loaded.vocab_size, &cfg)?;
@@ -168,7 +169,7 @@ pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> 
         tokenizer: tokenizer.clone(),
         eod,
         colon: tokenizer.encode(":").ok().and_then(|v| v.first().map(|&t| t as i32)),
-        max_positions: api.as_ref().map_or(usize::MAX, |a| a.engine.slot_capacity),
+        max_positions: api.as_ref().map_or(max_positions, |a| a.engine.slot_capacity),
         jobs: Mutex::new(tx),
         counter: AtomicU64::new(0),
         opts: opts.clone(),
