@@ -187,7 +187,8 @@ struct Counts {
     violations: Vec<String>,
 }
 
-const ALLOWED: [u16; 10] = [200, 400, 404, 405, 408, 413, 417, 431, 501, 505];
+// 429: the continuous-batching queue is full (back-pressure, `--max-queue`).
+const ALLOWED: [u16; 11] = [200, 400, 404, 405, 408, 413, 417, 429, 431, 501, 505];
 
 fn send(addr: SocketAddr, bytes: &[u8], counts: &mut Counts, label: &str) {
     counts.requests += 1;
@@ -213,6 +214,12 @@ fn send(addr: SocketAddr, bytes: &[u8], counts: &mut Counts, label: &str) {
     let text = String::from_utf8_lossy(&raw);
     // Skip a `100 Continue` interim answer.
     let text = text.strip_prefix("HTTP/1.1 100 Continue\r\n\r\n").unwrap_or(&text);
+    if text.is_empty() {
+        // Only the interim answer: the server took the half-closed client (it shut down its
+        // sending side) for gone while generating, and cancelled it (continuous batching).
+        counts.no_answer += 1;
+        return;
+    }
     let status: u16 = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     *counts.by_status.entry(status).or_default() += 1;
     let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");

@@ -413,4 +413,30 @@ pub trait Backend: Send + Sync {
             self.name()
         )
     }
+
+    /// Continuous batching: attention against a *slotted* key/value cache, where every row of
+    /// the call has its own cache slot and its own number of cached tokens. Row `r` of `qkv`
+    /// `(B, Tq, heads, 3, head_dim)` is slot `slots[r]` of `k_cache`/`v_cache`
+    /// `(S, capacity, heads, head_dim)`: its `Tq` new k/v are written at positions
+    /// `[offsets[r], offsets[r] + Tq)` of that slot, and its query `i` attends causally to the
+    /// slot's keys `[0, offsets[r] + i]`. `spec.batch` is `B` (rows of this call, distinct
+    /// slots); `spec.offset` is unused. Backends without it keep this default error.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kv_cache_slots(
+        &self,
+        qkv: &DeviceTensor,
+        k_cache: &mut DeviceTensor,
+        v_cache: &mut DeviceTensor,
+        slots: &[usize],
+        offsets: &[usize],
+        out: &mut DeviceTensor,
+        spec: KvCacheAttentionSpec,
+    ) -> Result<()> {
+        let _ = (qkv, k_cache, v_cache, slots, offsets, out, spec);
+        anyhow::bail!(
+            "op `attention_kv_cache_slots` (continuous batching) is not supported by backend `{}`; \
+             serve with --batching static or use the cpu backend",
+            self.name()
+        )
+    }
 }

@@ -4,6 +4,8 @@
 //! run, plus a per-op profile and the peak RSS. Release builds only for numbers.
 
 mod profile;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod serve;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -16,6 +18,9 @@ use std::time::Instant;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// `megatron bench serve ...`: the serving load generator (see `bench serve --help`).
+    #[command(subcommand)]
+    pub what: Option<BenchWhat>,
     /// `tiny` (4 layers, 256 hidden, 4 heads, seq 256, micro batch 8, GPT-2 vocab) or
     /// `gpt2-124m` (12/768/12, seq 1024, micro batch 4, vocab padded to 50304).
     #[arg(long, default_value = "tiny")]
@@ -32,6 +37,14 @@ pub struct BenchArgs {
     /// Also run the iterations through the timing decorator and print the per-op profile.
     #[arg(long)]
     pub profile: bool,
+}
+
+/// Other benchmarks than training throughput.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum BenchWhat {
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    /// Continuous vs static batching of `megatron serve` under concurrent loopback clients.
+    Serve(serve::ServeBenchArgs),
 }
 
 struct Preset {
@@ -77,6 +90,10 @@ pub fn peak_rss_mib() -> Option<f64> {
 }
 
 pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    if let Some(BenchWhat::Serve(a)) = &args.what {
+        return serve::run(a, registry);
+    }
     let p = preset(&args.preset)?;
     let raw = registry.backend(&args.backend, json!({ "threads": args.threads }))?;
     let profiler = Arc::new(ProfilingBackend::new(raw.clone()));

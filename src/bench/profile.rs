@@ -165,6 +165,20 @@ impl Backend for ProfilingBackend {
     ) -> Result<()> {
         self.timed("attention_kv_cache", |b| b.attention_kv_cache(qkv, k_cache, v_cache, key_start, out, spec))
     }
+    fn attention_kv_cache_slots(
+        &self,
+        qkv: &T,
+        k_cache: &mut T,
+        v_cache: &mut T,
+        slots: &[usize],
+        offsets: &[usize],
+        out: &mut T,
+        spec: KvCacheAttentionSpec,
+    ) -> Result<()> {
+        self.timed("attention_kv_cache_slots", |b| {
+            b.attention_kv_cache_slots(qkv, k_cache, v_cache, slots, offsets, out, spec)
+        })
+    }
     fn attention_backward(
         &self,
         d_out: &T,

@@ -51,6 +51,26 @@ pub fn render(template: &str, system: Option<&str>, prompt: &str, bos: &str, eos
     t.render(ctx).map_err(|e| anyhow::anyhow!("rendering the chat template: {e:#}"))
 }
 
+/// `template` applied to chat `messages` (`{role, content}` objects) with a generation prompt.
+#[cfg(feature = "huggingface")]
+pub fn render_messages(template: &str, messages: &[serde_json::Value], bos: &str, eos: &str) -> Result<String> {
+    let mut env = minijinja::Environment::new();
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template("chat", template).map_err(|e| anyhow::anyhow!("the chat template does not parse: {e:#}"))?;
+    let ctx = minijinja::context! {
+        messages => messages, add_generation_prompt => true, bos_token => bos, eos_token => eos,
+    };
+    let t = env.get_template("chat").map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    t.render(ctx).map_err(|e| anyhow::anyhow!("rendering the chat template: {e:#}"))
+}
+
+#[cfg(not(feature = "huggingface"))]
+pub fn render_messages(_: &str, _: &[serde_json::Value], _: &str, _: &str) -> Result<String> {
+    bail!("chat templates need the `huggingface` feature; rebuild with --features huggingface")
+}
+
 #[cfg(not(feature = "huggingface"))]
 pub fn render(_: &str, _: Option<&str>, _: &str, _: &str, _: &str) -> Result<String> {
     bail!("--chat needs the `huggingface` feature (chat templates and tokenizer.json); rebuild with --features huggingface")

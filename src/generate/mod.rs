@@ -6,7 +6,8 @@ pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod loader;
-pub mod sampling;
+/// Sampling lives in the serving crate (the continuous-batching engine uses it too).
+pub use megatron_serving::sampling;
 
 pub use engine::{Generated, GenerationParams, Generator};
 pub use loader::{load_model, LoadArgs, LoadedModel};

@@ -1,7 +1,9 @@
 //! `megatron serve`: Megatron's REST text-generation server (SPEC §8.1) — `PUT /api` and
 //! `GET /health` — over a checkpoint. Loopback by default.
 
-pub mod http;
+/// The bounded HTTP/1.1 layer lives in the serving crate.
+pub use megatron_serving::http;
+pub mod continuous;
 pub mod request;
 pub mod server;
 
@@ -9,7 +11,7 @@ use crate::generate::{load_model, LoadArgs};
 use anyhow::Result;
 use clap::Args;
 use megatron_core::Registry;
-pub use server::{start, ServeOptions, ServerHandle};
+pub use server::{start, Batching, ServeOptions, ServerHandle};
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -20,13 +22,42 @@ pub struct ServeArgs {
     /// Address to bind; use 0.0.0.0 to accept remote clients (Megatron's default).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
-    /// Threads parsing HTTP requests (generation itself runs on one model thread).
-    #[arg(long, default_value_t = 16)]
+    /// Threads handling connections; each in-flight request holds one (64 lets 64 clients wait
+    /// on the engine at once; generation itself runs on one model thread).
+    #[arg(long, default_value_t = 64)]
     pub http_threads: usize,
-    /// Most prompts batched together from concurrent requests (Megatron's
-    /// --inference-max-requests).
-    #[arg(long, alias = "inference-max-requests", default_value_t = 8)]
+    /// Most sequences decoded together: the kv cache slots of continuous batching, or the
+    /// prompts of one static batch (Megatron's --inference-max-requests).
+    #[arg(long, alias = "inference-max-requests", default_value_t = 16)]
     pub max_batch_size: usize,
+    /// `continuous` (in-flight batching, the OpenAI endpoints) or `static` (Megatron's batches of
+    /// identical-settings requests; PUT /api only).
+    #[arg(long, value_enum, default_value = "continuous")]
+    pub batching: Batching,
+    /// Memory the kv cache may use (bytes, or with KiB/MiB/GiB); fewer slots than
+    /// --max-batch-size are made if they do not fit. Default: no limit beyond the slots.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_cache_budget: Option<usize>,
+    /// Tokens per kv cache slot (prompt + generated); default the model's max_position_embeddings.
+    #[arg(long)]
+    pub max_seq_len: Option<usize>,
+    /// Sequences waiting for a slot at most; beyond it requests are answered 429.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health (also from the
+    /// MEGATRON_API_KEY environment variable). Set it whenever --host is not loopback.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// The model name of the OpenAI endpoints (default: the checkpoint directory's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// A Jinja chat template for /v1/chat/completions (default: the tokenizer's
+    /// `chat_template`, with the `huggingface` feature; else `role: content` lines).
+    #[arg(long)]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// Request bodies larger than this are answered 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
     /// Do not print a line per request.
@@ -34,16 +65,96 @@ pub struct ServeArgs {
     pub quiet: bool,
 }
 
+/// `123`, `64KiB`, `512MiB`, `2GiB` (also KB/MB/GB as powers of 1000).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().map_err(|_| format!("`{s}` is not a size; use e.g. 512MiB"))?;
+    let mul: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "KB" => 1000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        u => return Err(format!("unknown size unit `{u}` in `{s}`; use B, KiB, MiB or GiB")),
+    };
+    n.checked_mul(mul).ok_or_else(|| format!("`{s}` is too large"))
+}
+
 pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
     let loaded = load_model(registry, &args.load)?;
+    let api_key = args.api_key.clone().or_else(|| std::env::var("MEGATRON_API_KEY").ok()).filter(|k| !k.is_empty());
+    let loopback = args.host == "localhost" || args.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if !loopback && api_key.is_none() {
+        eprintln!("warning: serving on {} without --api-key: anyone who can reach it can use it", args.host);
+    }
+    let chat_template = chat_renderer(args, &loaded)?;
+    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        let dir = args.load.load.canonicalize().unwrap_or_else(|_| args.load.load.clone());
+        dir.file_name().map_or("megatron".into(), |n| n.to_string_lossy().into_owned())
+    });
     let opts = ServeOptions {
         http_threads: args.http_threads,
         max_batch_prompts: args.max_batch_size,
         seed: args.seed,
         log: !args.quiet,
+        batching: args.batching,
+        engine: megatron_serving::EngineConfig {
+            max_batch_size: args.max_batch_size,
+            kv_cache_budget: args.kv_cache_budget,
+            queue_limit: args.max_queue,
+            slot_capacity: args.max_seq_len.unwrap_or(0),
+        },
+        api_key,
+        model_name: model_name.clone(),
+        chat_template,
+        max_body_bytes: args.max_body_bytes,
     };
     let handle = start(loaded, &args.host, args.port, opts)?;
-    println!("serving {} on http://{} (PUT /api, GET /health)", args.load.load.display(), handle.addr());
+    let what = match args.batching {
+        Batching::Continuous => {
+            "PUT /api, POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
+        }
+        Batching::Static => "PUT /api, GET /health",
+    };
+    println!("serving {} as `{model_name}` on http://{} ({what})", args.load.load.display(), handle.addr());
     handle.join();
     Ok(())
 }
+
+/// The chat template of `--chat-template` or the tokenizer config, if there is one.
+fn chat_renderer(args: &ServeArgs, loaded: &crate::generate::LoadedModel) -> Result<Option<std::sync::Arc<ChatFn>>> {
+    let template = match crate::generate::chat::find_template(args.chat_template.as_deref(), &loaded.args) {
+        Ok(t) => t,
+        Err(e) if args.chat_template.is_some() => return Err(e),
+        Err(_) => return Ok(None), // no template: chats are `role: content` lines
+    };
+    if !cfg!(feature = "huggingface") {
+        if args.chat_template.is_some() {
+            anyhow::bail!(
+                "--chat-template needs the `huggingface` feature (minijinja); rebuild with --features huggingface"
+            );
+        }
+        return Ok(None);
+    }
+    let tok = loaded.tokenizer.clone();
+    let special = tok.special_ids();
+    let name = |id: Option<u32>| id.and_then(|i| tok.decode(&[i]).ok()).unwrap_or_default();
+    let (bos, eos) = (name(special.bos), name(special.eos));
+    // Checked once at start: a template that does not parse is an error now, not per request.
+    crate::generate::chat::render_messages(
+        &template,
+        &[serde_json::json!({"role": "user", "content": "hi"})],
+        &bos,
+        &eos,
+    )?;
+    Ok(Some(std::sync::Arc::new(move |m: &[serde_json::Value]| {
+        crate::generate::chat::render_messages(&template, m, &bos, &eos).map_err(|e| format!("{e:#}"))
+    })))
+}
+
+/// A chat renderer shared by the HTTP threads.
+pub type ChatFn = dyn Fn(&[serde_json::Value]) -> std::result::Result<String, String> + Send + Sync;

@@ -6,11 +6,15 @@
 //! decoding steps. A failed request never stops the server: errors become HTTP 400 JSON.
 //! HTTP itself is [`super::http`]: bounded, one request per connection.
 
+use super::continuous::{megatron_api, MegatronApi};
 use super::http::{read_request, write_json, Deadline, Limits, Request};
 use super::request::{parse, ApiRequest};
 use crate::generate::{GenerationParams, Generator, LoadedModel};
 use anyhow::{anyhow, Result};
 use megatron_core::Tokenizer;
+use megatron_serving::api::{complete, models, ApiContext, ChatRenderer};
+use megatron_serving::openai::{constant_time_eq, ApiError, RequestLimits};
+use megatron_serving::EngineConfig;
 use serde_json::{json, Value};
 use std::io::Read;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -20,8 +24,17 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// How the model thread batches requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Batching {
+    /// One decode loop admitting and retiring sequences between steps (any settings mixed).
+    Continuous,
+    /// Megatron's static batches of queued requests with identical settings (PUT /api only).
+    Static,
+}
+
 /// Server settings besides the model.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServeOptions {
     pub http_threads: usize,
     /// Most prompts generated together when batching queued requests.
@@ -30,11 +43,33 @@ pub struct ServeOptions {
     pub seed: u64,
     /// Print one line per request (unless the request sets `no_log`).
     pub log: bool,
+    pub batching: Batching,
+    /// Continuous batching: slots (`max_batch_size` is `max_batch_prompts`), budget, queue.
+    pub engine: EngineConfig,
+    /// Bearer token every endpoint but `/health` requires.
+    pub api_key: Option<String>,
+    /// The `model` name of the OpenAI endpoints.
+    pub model_name: String,
+    /// Renders chat messages (the model's chat template); `None` = `role: content` lines.
+    pub chat_template: Option<Arc<super::ChatFn>>,
+    /// Bytes of a request body at most (413 beyond).
+    pub max_body_bytes: usize,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { http_threads: 16, max_batch_prompts: 8, seed: 1234, log: true }
+        ServeOptions {
+            http_threads: 16,
+            max_batch_prompts: 8,
+            seed: 1234,
+            log: true,
+            batching: Batching::Continuous,
+            engine: EngineConfig::default(),
+            api_key: None,
+            model_name: "megatron".into(),
+            chat_template: None,
+            max_body_bytes: Limits::default().max_body_bytes,
+        }
     }
 }
 
@@ -99,21 +134,47 @@ pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> 
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = channel::<Job>();
     let tokenizer = loaded.tokenizer.clone();
-    let ctx = Arc::new(HttpContext {
-        tokenizer: tokenizer.clone(),
-        eod: loaded.eod,
-        colon: tokenizer.encode(":").ok().and_then(|v| v.first().map(|&t| t as i32)),
-        max_positions: loaded.model.config().max_position_embeddings,
-        jobs: Mutex::new(tx),
-        counter: AtomicU64::new(0),
-        opts: opts.clone(),
-    });
     let mut threads = Vec::new();
     let model_stop = stop.clone();
     let max_batch = opts.max_batch_prompts.max(1);
-    threads.push(std::thread::Builder::new().name("megatron-model".into()).spawn(move || {
-        model_loop(loaded, rx, max_batch, model_stop);
-    })?);
+    let mut api = None;
+    let (eod, vocab_size) = (loaded.eod, loaded.vocab_size);
+    let max_positions = loaded.model.config().max_position_embeddings;
+    if opts.batching == Batching::Continuous {
+        let cfg = EngineConfig { max_batch_size: max_batch, ..opts.engine.clone() };
+        let (handle, engine) = megatron_serving::engine(&loaded.model, loaded.vocab_size, &cfg)?;
+        let template = opts.chat_template.clone();
+        api = Some(ApiContext {
+            model_name: opts.model_name.clone(),
+            tokenizer: tokenizer.clone(),
+            vocab_size,
+            eod,
+            engine: handle,
+            limits: RequestLimits::default(),
+            chat_template: template.map(|t| Box::new(move |m: &[Value]| t(m)) as ChatRenderer),
+            seed: opts.seed,
+            counter: AtomicU64::new(0),
+            created: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        });
+        threads.push(std::thread::Builder::new().name("megatron-engine".into()).spawn(move || {
+            let mut loaded = loaded;
+            engine.run(&mut loaded.model, &model_stop);
+        })?);
+    } else {
+        threads.push(std::thread::Builder::new().name("megatron-model".into()).spawn(move || {
+            model_loop(loaded, rx, max_batch, model_stop);
+        })?);
+    }
+    let ctx = Arc::new(HttpContext {
+        tokenizer: tokenizer.clone(),
+        eod,
+        colon: tokenizer.encode(":").ok().and_then(|v| v.first().map(|&t| t as i32)),
+        max_positions: api.as_ref().map_or(max_positions, |a| a.engine.slot_capacity),
+        jobs: Mutex::new(tx),
+        counter: AtomicU64::new(0),
+        opts: opts.clone(),
+        api,
+    });
     // Accepted connections wait in a bounded queue; when it is full the accept loop waits and
     // the kernel's backlog holds further clients (no unbounded growth under a flood).
     let n_http = opts.http_threads.max(1);
@@ -155,6 +216,8 @@ struct HttpContext {
     jobs: Mutex<Sender<Job>>,
     counter: AtomicU64,
     opts: ServeOptions,
+    /// Continuous batching: the engine and the OpenAI endpoints' context.
+    api: Option<ApiContext>,
 }
 
 /// Megatron's server answers errors as `{"message": ...}` (its CLI reads `['message']`);
@@ -165,19 +228,42 @@ pub fn error_body(message: &str) -> Value {
 
 /// One request on one connection, answered, then the connection is closed.
 fn serve_connection(stream: TcpStream, ctx: &HttpContext) {
-    let limits = Limits::default();
+    let limits = Limits { max_body_bytes: ctx.opts.max_body_bytes, ..Limits::default() };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
     let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
     let _ = stream.set_nodelay(true);
     let Ok(write_half) = stream.try_clone() else { return };
+    let Ok(probe) = stream.try_clone() else { return };
     let mut writer = std::io::BufWriter::new(write_half);
     let mut reader = std::io::BufReader::with_capacity(8 << 10, Deadline::new(stream, limits.request_deadline));
     let t0 = std::time::Instant::now();
+    let alive = || client_alive(&probe);
     let (status, body, log) = match read_request(&mut reader, &mut writer, &limits) {
-        Ok(req) => route(&req, ctx),
+        Ok(req) => {
+            if let Err(e) = authorize(&req, ctx) {
+                (e.status, e.body(), None)
+            } else if req.path.starts_with("/v1/") || req.path == "/v1" {
+                match v1(&req, ctx, &mut writer, &alive) {
+                    Ok(None) => return, // answered by the handler
+                    Ok(Some(line)) => {
+                        if ctx.opts.log {
+                            println!("{line} in {:.3}s", t0.elapsed().as_secs_f64());
+                        }
+                        return;
+                    }
+                    Err(e) if e.status == 0 => return,
+                    Err(e) => (e.status, e.body(), None),
+                }
+            } else {
+                route(&req, ctx, &alive)
+            }
+        }
         Err(e) if e.status == 0 => return, // the client went away: nobody to answer
         Err(e) => (e.status, error_body(&e.message), None),
     };
+    if status == 0 {
+        return; // the client went away while waiting
+    }
     if let Some(line) = log {
         println!("{line} in {:.3}s", t0.elapsed().as_secs_f64());
     }
@@ -193,9 +279,28 @@ fn serve_connection(stream: TcpStream, ctx: &HttpContext) {
     }
 }
 
-fn route(req: &Request, ctx: &HttpContext) -> (u16, Value, Option<String>) {
+fn route(req: &Request, ctx: &HttpContext, alive: &dyn Fn() -> bool) -> (u16, Value, Option<String>) {
     match (req.method.as_str(), req.path.as_str()) {
-        ("GET", "/health") => (200, json!({ "status": "ok" }), None),
+        ("GET", "/health") => {
+            let mut v = json!({ "status": "ok" });
+            if let Some(api) = &ctx.api {
+                let s = &api.engine.stats;
+                v["active"] = json!(s.active.load(Ordering::SeqCst));
+                v["queued"] = json!(s.queued.load(Ordering::SeqCst));
+                v["slots"] = json!(api.engine.slots);
+                v["finished"] = json!(s.finished.load(Ordering::SeqCst));
+                v["cancelled"] = json!(s.cancelled.load(Ordering::SeqCst));
+            }
+            (200, v, None)
+        }
+        ("PUT", "/api") | ("POST", "/api") if ctx.api.is_some() => {
+            let Some(api) = &ctx.api else { return (503, error_body("no engine"), None) };
+            let m = MegatronApi { api, colon: ctx.colon, default_seed: ctx.opts.seed };
+            match megatron_api(&req.body, &m, &api.engine, alive) {
+                Ok((v, log)) => (200, v, (ctx.opts.log && !log.is_empty()).then_some(log)),
+                Err((status, e)) => (status, error_body(&e), None),
+            }
+        }
         ("PUT", "/api") | ("POST", "/api") => match api(&req.body, ctx) {
             Ok((v, log)) => (200, v, log),
             Err(e) => (400, error_body(&e), None),
@@ -322,4 +427,61 @@ fn response(tok: &dyn Tokenizer, tokens: &[Vec<i32>], logprobs: Option<&[Vec<f32
         segments.push(ids.iter().map(|&t| tok.decode(&[t]).unwrap_or_default()).collect::<Vec<_>>());
     }
     Ok(json!({ "text": text, "segments": segments, "logprobs": logprobs, "tokens": tokens }))
+}
+
+/// Whether the client is still connected: a closed socket reads 0 bytes at once; a live one
+/// has nothing to read (or pipelined bytes).
+fn client_alive(s: &TcpStream) -> bool {
+    let _ = s.set_read_timeout(Some(Duration::from_millis(1)));
+    let alive = match s.peek(&mut [0u8; 1]) {
+        Ok(0) => false,
+        Ok(_) => true,
+        Err(e) => matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    alive
+}
+
+/// `--api-key`: every endpoint but `/health` needs `Authorization: Bearer KEY`.
+fn authorize(req: &Request, ctx: &HttpContext) -> Result<(), ApiError> {
+    let Some(key) = ctx.opts.api_key.as_deref() else { return Ok(()) };
+    if req.path == "/health" {
+        return Ok(());
+    }
+    let given = req.header("authorization").and_then(|h| h.strip_prefix("Bearer ")).unwrap_or("");
+    if constant_time_eq(given.trim().as_bytes(), key.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::new(401, "missing or wrong API key: send `Authorization: Bearer KEY`").code("invalid_api_key"))
+    }
+}
+
+/// The OpenAI endpoints. `Ok(Some(log))`/`Ok(None)`: answered; `Err`: to be answered.
+fn v1(
+    req: &Request,
+    ctx: &HttpContext,
+    w: &mut dyn std::io::Write,
+    alive: &dyn Fn() -> bool,
+) -> Result<Option<String>, ApiError> {
+    let Some(api) = &ctx.api else {
+        return Err(ApiError::new(503, "the OpenAI endpoints need `megatron serve --batching continuous`")
+            .code("static_batching"));
+    };
+    match (req.method.as_str(), req.path.as_str()) {
+        ("GET", "/v1/models") => {
+            write_json(w, 200, &models(api).to_string()).map_err(|e| ApiError::new(0, e.to_string()))?;
+            Ok(None)
+        }
+        ("POST", "/v1/completions") | ("POST", "/v1/chat/completions") => {
+            complete(&req.path, &req.body, w, alive, api).map(Some)
+        }
+        (_, "/v1/models") | (_, "/v1/completions") | (_, "/v1/chat/completions") => {
+            Err(ApiError::new(405, format!("method {} not allowed on {}", req.method, req.path)))
+        }
+        (_, p) => Err(ApiError::new(
+            404,
+            format!("no endpoint {p:.200}: use /v1/completions, /v1/chat/completions or /v1/models"),
+        )
+        .code("unknown_url")),
+    }
 }

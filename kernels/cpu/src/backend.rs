@@ -3,7 +3,8 @@
 
 use crate::widen::{input, input_opt, out_opt, Out};
 use crate::{
-    activation, attention, elementwise, embedding, gemm, kv_attention, loss, memory, norm, optim, rotary, CpuBackend,
+    activation, attention, elementwise, embedding, gemm, kv_attention, kv_slots, loss, memory, norm, optim, rotary,
+    CpuBackend,
 };
 use megatron_core::{
     AdamStep, AttentionSpec, Backend, CrossAttentionSpec, DType, DeviceTensor, GemmSpec, HostBuffer,
@@ -232,6 +233,26 @@ impl Backend for CpuBackend {
             let (mut kc, mut vc) = (Out::new(k_cache, true)?, Out::new(v_cache, true)?);
             let mut o = Out::new(out, false)?;
             kv_attention::attention_kv_cache(&qkv, kc.t(), vc.t(), key_start, o.t(), spec)?;
+            kc.finish()?;
+            vc.finish()?;
+            o.finish()
+        })
+    }
+    fn attention_kv_cache_slots(
+        &self,
+        qkv: &DeviceTensor,
+        k_cache: &mut DeviceTensor,
+        v_cache: &mut DeviceTensor,
+        slots: &[usize],
+        offsets: &[usize],
+        out: &mut DeviceTensor,
+        spec: KvCacheAttentionSpec,
+    ) -> Result<()> {
+        self.run(|| {
+            let qkv = input(qkv)?;
+            let (mut kc, mut vc) = (Out::new(k_cache, true)?, Out::new(v_cache, true)?);
+            let mut o = Out::new(out, false)?;
+            kv_slots::attention_kv_cache_slots(&qkv, kc.t(), vc.t(), slots, offsets, o.t(), spec)?;
             kc.finish()?;
             vc.finish()?;
             o.finish()

@@ -24,6 +24,7 @@ mod expvec;
 mod gemm;
 mod gemm_half;
 mod kv_attention;
+mod kv_slots;
 mod loss;
 mod memory;
 mod norm;

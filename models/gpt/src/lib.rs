@@ -15,6 +15,7 @@ pub mod inference;
 pub mod model;
 pub mod param_shapes;
 pub mod pipeline_split;
+pub mod slots;
 mod stage;
 
 pub use config::GptConfig;
@@ -24,6 +25,7 @@ pub use inference::KvCache;
 pub use model::GptModel;
 pub use param_shapes::{gpt_param_count, gpt_param_shapes};
 pub use pipeline_split::{pipeline_split, stage_layers, stage_range};
+pub use slots::SlotKvCache;
 
 use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};
 use megatron_core::{Factory, Model, Plugin, Result};

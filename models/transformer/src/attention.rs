@@ -238,6 +238,48 @@ impl SelfAttention {
         self.linear_proj.forward(&self.context, out)
     }
 
+    /// Continuous batching: like [`Self::forward_cached`], but row `r` of `x (B, Tq, C)` is
+    /// slot `slots[r]` of `cache` (allocated with one row per slot) with `offsets[r]` tokens
+    /// already cached (see `Backend::attention_kv_cache_slots`). Rotary positions are
+    /// `offsets[r] + t`, so with rotary embeddings all rows of one call must share the offset.
+    pub fn forward_slots(
+        &mut self,
+        x: &DeviceTensor,
+        out: &mut DeviceTensor,
+        cache: &mut LayerKvCache,
+        slots: &[usize],
+        offsets: &[usize],
+        step: &StepInfo,
+    ) -> Result<()> {
+        let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
+        let offset = offsets.first().copied().unwrap_or(0);
+        if self.rotary.is_some() && offsets.iter().any(|&o| o != offset) {
+            anyhow::bail!("slotted decoding with rotary embeddings needs one offset per call (got {offsets:?})");
+        }
+        self.project_qkv(x, b, t, offset)?;
+        let backend = self.backend.as_ref();
+        ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
+        let spec = KvCacheAttentionSpec {
+            batch: b,
+            new_tokens: t,
+            heads: np,
+            head_dim: hn,
+            capacity: cache.capacity(),
+            offset: 0,
+            scale: 1.0 / (hn as f32).sqrt(),
+        };
+        backend.attention_kv_cache_slots(
+            &self.qkv,
+            &mut cache.k,
+            &mut cache.v,
+            slots,
+            offsets,
+            &mut self.context,
+            spec,
+        )?;
+        self.linear_proj.forward(&self.context, out)
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         self.linear_qkv.params().into_iter().chain(self.linear_proj.params()).collect()
     }

@@ -150,6 +150,29 @@ impl TransformerBlock {
         self.residual_dtype
     }
 
+    /// Continuous batching: [`Self::forward_cached`] with row `r` in cache slot `slots[r]`
+    /// holding `offsets[r]` tokens (see [`crate::SelfAttention::forward_slots`]).
+    pub fn forward_slots(
+        &mut self,
+        step: &StepInfo,
+        caches: &mut [LayerKvCache],
+        slots: &[usize],
+        offsets: &[usize],
+    ) -> Result<()> {
+        if caches.len() != self.layers.len() {
+            bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
+        }
+        for (l, (layer, cache)) in self.layers.iter_mut().zip(caches.iter_mut()).enumerate() {
+            let (done, rest) = self.residuals.split_at_mut(l + 1);
+            layer.forward_slots(&done[l], &mut rest[0], cache, slots, offsets, step)?;
+        }
+        let last = &self.residuals[self.layers.len()];
+        match self.final_layernorm.as_mut() {
+            Some(norm) => norm.forward(last, &mut self.output),
+            None => self.backend.copy(last, &mut self.output),
+        }
+    }
+
     /// The `(B, T, C)` block output of the last forward.
     pub fn output(&self) -> &DeviceTensor {
         &self.output

@@ -123,6 +123,30 @@ impl TransformerLayer {
         backend.axpy(y, 1.0, &self.h1)
     }
 
+    /// Continuous batching: [`Self::forward_cached`] with one cache slot and offset per row
+    /// (see [`SelfAttention::forward_slots`]).
+    pub fn forward_slots(
+        &mut self,
+        x: &DeviceTensor,
+        y: &mut DeviceTensor,
+        cache: &mut LayerKvCache,
+        slots: &[usize],
+        offsets: &[usize],
+        step: &StepInfo,
+    ) -> Result<()> {
+        let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
+        let backend = self.backend.as_ref();
+        for t in [&mut self.ln1_out, &mut self.h1, &mut self.ln2_out] {
+            ensure_shape(backend, t, &shape)?;
+        }
+        self.input_layernorm.forward(x, &mut self.ln1_out)?;
+        self.self_attention.forward_slots(&self.ln1_out, &mut self.h1, cache, slots, offsets, step)?;
+        backend.axpy(&mut self.h1, 1.0, x)?;
+        self.pre_mlp_layernorm.forward(&self.h1, &mut self.ln2_out)?;
+        self.mlp.forward(&self.ln2_out, y, step)?;
+        backend.axpy(y, 1.0, &self.h1)
+    }
+
     /// On entry `d_res (B, T, C)` is `dL/dy`; on exit it is `dL/dx` (the residual stream's
     /// gradient flows through unchanged, each branch adds its part). `x` is this layer's input.
     pub fn backward(

@@ -247,11 +247,14 @@ pub fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         413 => "Content Too Large",
         417 => "Expectation Failed",
+        422 => "Unprocessable Content",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         501 => "Not Implemented",
@@ -262,7 +265,7 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 /// Writes a complete JSON response and announces that the connection closes.
-pub fn write_json(w: &mut impl Write, status: u16, body: &str) -> std::io::Result<()> {
+pub fn write_json(w: &mut (impl Write + ?Sized), status: u16, body: &str) -> std::io::Result<()> {
     write!(
         w,
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
