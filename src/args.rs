@@ -222,6 +222,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
+    /// Mixture of Experts (src/moe_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub moe: crate::moe_args::MoeArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

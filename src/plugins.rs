@@ -29,6 +29,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("metrics", PluginKind::MetricsSink, "jsonl"),
     ("metrics", PluginKind::MetricsSink, "tensorboard"),
     ("example-mlp-lm", PluginKind::Model, "swiglu-mlp-lm"),
+    ("moe", PluginKind::Mlp, "moe"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
@@ -45,6 +46,7 @@ pub fn feature_enabled(feature: &str) -> bool {
         "metrics" => cfg!(feature = "metrics"),
         "checkpoint" => cfg!(feature = "checkpoint"),
         "example-mlp-lm" => cfg!(feature = "example-mlp-lm"),
+        "moe" => cfg!(feature = "moe"),
         _ => false,
     }
 }
@@ -59,11 +61,17 @@ pub fn registry_with_plugins(paths: &[PathBuf]) -> Result<Registry> {
     let mut registry = Registry::builtin()?;
     for &(feature, kind, name) in BUILTIN_PLUGINS {
         if !feature_enabled(feature) {
-            registry.add_hint(
-                kind,
-                name,
-                format!("rebuild with `cargo build --release --features {feature}` (Cargo feature `{feature}` of the megatron package)"),
+            let mut hint = format!(
+                "rebuild with `cargo build --release --features {feature}` (Cargo feature `{feature}` of the megatron package)"
             );
+            if feature == "moe" {
+                hint = format!(
+                    "--num-experts needs the Mixture-of-Experts plugin: load it with `megatron --plugin \
+                     target/release/libmegatron_moe.so pretrain ...` (built by `cargo build --release -p megatron-moe`) \
+                     or {hint}"
+                );
+            }
+            registry.add_hint(kind, name, hint);
         }
     }
     for path in paths {

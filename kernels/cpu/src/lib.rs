@@ -22,6 +22,7 @@ mod embedding;
 mod expvec;
 mod gemm;
 mod gemm_half;
+mod grouped_gemm;
 mod kv_attention;
 mod loss;
 mod memory;

@@ -12,7 +12,7 @@
 
 use crate::attention::{LayerKvCache, SelfAttention};
 use crate::init::ModuleBuilder;
-use crate::mlp::Mlp;
+use crate::mlp_slot::MlpSlot;
 use crate::norm::NormLayer;
 use crate::spec::{SpecProvider, TransformerConfig, TransformerLayerSpec};
 use crate::step::{empty, ensure_shape, BackwardScratch, DropoutSite, StepInfo};
@@ -27,7 +27,7 @@ pub struct TransformerLayer {
     pub input_layernorm: Box<dyn NormLayer>,
     pub self_attention: SelfAttention,
     pub pre_mlp_layernorm: Box<dyn NormLayer>,
-    pub mlp: Mlp,
+    pub mlp: MlpSlot,
     hidden_dropout: f32,
     ln1_out: DeviceTensor, // (B, T, C)
     h1: DeviceTensor,      // (B, T, C)
@@ -63,7 +63,7 @@ impl TransformerLayer {
                 h,
                 eps,
             )?,
-            mlp: Mlp::new(b, provider, &format!("{prefix}.mlp"), cfg, spec.mlp)?,
+            mlp: MlpSlot::new(b, provider, &format!("{prefix}.mlp"), cfg, spec.mlp, layer_number)?,
             hidden_dropout: cfg.hidden_dropout,
             layer_number,
             ln1_out: empty(backend.as_ref())?,
