@@ -226,6 +226,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub t5: crate::t5_args::T5Args,
+    /// Mixture of Experts (src/moe_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub moe: crate::moe_args::MoeArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

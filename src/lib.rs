@@ -11,6 +11,7 @@ pub mod distributed;
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod hf;
+pub mod moe_args;
 pub mod plugin_config;
 pub mod plugins;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
@@ -41,6 +42,8 @@ use megatron_example_mlp_lm as _;
 use megatron_gpt as _;
 #[cfg(feature = "metrics")]
 use megatron_metrics as _;
+#[cfg(feature = "moe")]
+use megatron_moe as _;
 #[cfg(feature = "optim")]
 use megatron_optim as _;
 #[cfg(feature = "parallel")]

@@ -31,6 +31,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("example-mlp-lm", PluginKind::Model, "swiglu-mlp-lm"),
     ("t5", PluginKind::Model, "t5"),
     ("datasets", PluginKind::Dataset, "t5"),
+    ("moe", PluginKind::Mlp, "moe"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
@@ -48,6 +49,7 @@ pub fn feature_enabled(feature: &str) -> bool {
         "checkpoint" => cfg!(feature = "checkpoint"),
         "example-mlp-lm" => cfg!(feature = "example-mlp-lm"),
         "t5" => cfg!(feature = "t5"),
+        "moe" => cfg!(feature = "moe"),
         _ => false,
     }
 }
@@ -62,11 +64,17 @@ pub fn registry_with_plugins(paths: &[PathBuf]) -> Result<Registry> {
     let mut registry = Registry::builtin()?;
     for &(feature, kind, name) in BUILTIN_PLUGINS {
         if !feature_enabled(feature) {
-            registry.add_hint(
-                kind,
-                name,
-                format!("rebuild with `cargo build --release --features {feature}` (Cargo feature `{feature}` of the megatron package)"),
+            let mut hint = format!(
+                "rebuild with `cargo build --release --features {feature}` (Cargo feature `{feature}` of the megatron package)"
             );
+            if feature == "moe" {
+                hint = format!(
+                    "--num-experts needs the Mixture-of-Experts plugin: load it with `megatron --plugin \
+                     target/release/libmegatron_moe.so pretrain ...` (built by `cargo build --release -p megatron-moe`) \
+                     or {hint}"
+                );
+            }
+            registry.add_hint(kind, name, hint);
         }
     }
     for path in paths {

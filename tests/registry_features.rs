@@ -63,6 +63,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
     );
     add(cfg!(feature = "example-mlp-lm"), &[("model", "swiglu-mlp-lm", "megatron-example-mlp-lm")]);
     add(cfg!(feature = "t5"), &[("model", "t5", "megatron-t5")]);
+    add(cfg!(feature = "moe"), &[("mlp", "moe", "megatron-moe")]);
     want.sort();
     want
 }

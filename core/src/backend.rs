@@ -439,4 +439,18 @@ pub trait Backend: Send + Sync {
             self.name()
         )
     }
+
+    /// Many independent f32 matmuls in one call (see [`crate::grouped_gemm::GemmGroup`]); `C`
+    /// outside the groups' blocks is left as is. The default runs one [`Backend::gemm`] per
+    /// group on host copies; backends override it with one parallel pass over all groups.
+    fn grouped_gemm(
+        &self,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        c: &mut DeviceTensor,
+        groups: &[crate::grouped_gemm::GemmGroup],
+        spec: crate::grouped_gemm::GroupedGemmSpec,
+    ) -> Result<()> {
+        crate::grouped_gemm::grouped_gemm_by_loop(self, a, b, c, groups, spec)
+    }
 }

@@ -62,6 +62,28 @@ pub trait Communicator: Send + Sync {
     /// its shape and dtype must match `t`.
     fn recv(&self, group: &Group, t: &mut DeviceTensor, src: usize) -> Result<()>;
     fn barrier(&self, group: &Group) -> Result<()>;
+    /// All-to-all with variable splits (MoE token dispatch): this rank sends rows
+    /// `[Σ send_splits[..j], Σ send_splits[..=j])` of `input` (dim 0) to the j-th rank of
+    /// `group`, and `output` receives, in group order, `recv_splits[i]` rows from the i-th
+    /// rank. Rows are `numel / shape[0]` elements; both tensors must have the same row size
+    /// and dtype. The splits must agree pairwise (`send_splits[j]` here = `recv_splits[me]`
+    /// on rank j). The default is an error: communicators that can, override it.
+    fn all_to_all(
+        &self,
+        group: &Group,
+        input: &DeviceTensor,
+        send_splits: &[usize],
+        output: &mut DeviceTensor,
+        recv_splits: &[usize],
+    ) -> Result<()> {
+        let _ = (input, send_splits, output, recv_splits);
+        bail!(
+            "the `{}` communicator does not implement all_to_all (group `{}`), which expert parallelism \
+             needs; use the `local` communicator (--nproc N, ranks as threads) or --expert-model-parallel-size 1",
+            self.name(),
+            group.name
+        )
+    }
     /// Fails every pending and future call of every rank of this world with `reason` (a rank
     /// that errored or panicked calls it so its peers stop waiting instead of timing out).
     /// A no-op where there is nothing to release.
@@ -127,6 +149,20 @@ impl Communicator for SingleRankCommunicator {
     }
     fn barrier(&self, group: &Group) -> Result<()> {
         self.check(group)
+    }
+    fn all_to_all(
+        &self,
+        group: &Group,
+        input: &DeviceTensor,
+        send_splits: &[usize],
+        output: &mut DeviceTensor,
+        recv_splits: &[usize],
+    ) -> Result<()> {
+        self.check(group)?;
+        if send_splits != recv_splits || send_splits.len() != 1 {
+            bail!("all_to_all on one rank: send splits {send_splits:?} and recv splits {recv_splits:?} must both be one equal count");
+        }
+        copy_same(input, output)
     }
 }
 

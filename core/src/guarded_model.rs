@@ -109,4 +109,8 @@ impl Model for GuardedModel {
     fn finalize_grads(&mut self) -> Result<()> {
         self.fallible("finalize_grads", |m| m.finalize_grads())
     }
+
+    fn take_metrics(&mut self) -> Vec<(String, f64)> {
+        self.fallible("take_metrics", |m| Ok(m.take_metrics())).unwrap_or_default()
+    }
 }

@@ -207,4 +207,10 @@ pub trait Model: Send {
     fn finalize_grads(&mut self) -> Result<()> {
         Ok(())
     }
+
+    /// Named values the model accumulated since the last call (the MoE losses and expert
+    /// loads of [`crate::MlpModule::take_metrics`]), drained; the driver logs them.
+    fn take_metrics(&mut self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 }

@@ -7,6 +7,7 @@
 //! Plugins of a dynamically loaded library ([`crate::plugin_loader`]) run under its panic guard.
 
 use crate::guarded_model::GuardedModel;
+use crate::mlp_slot::{MlpFactory, MlpProvider};
 use crate::plugin_loader::{LoadedLibrary, PanicGuard};
 use crate::LrSchedule;
 use crate::{
@@ -26,6 +27,9 @@ pub type ConfigDe<'a, 'de> = &'a mut dyn erased_serde::Deserializer<'de>;
 pub struct ModelEnv {
     pub backend: Arc<dyn Backend>,
     pub ctx: ParallelContext,
+    /// Fills the MLP slots of transformer layers (`--num-experts` with the `moe` plugin);
+    /// `None`: dense MLPs.
+    pub mlp: Option<MlpProvider>,
 }
 
 /// What a dataset factory gets besides its config.
@@ -46,10 +50,12 @@ pub enum PluginKind {
     Dataset,
     Tokenizer,
     MetricsSink,
+    /// A module for the MLP slot of transformer layers (see [`crate::mlp_slot`]).
+    Mlp,
 }
 
 impl PluginKind {
-    pub const ALL: [PluginKind; 10] = [
+    pub const ALL: [PluginKind; 11] = [
         PluginKind::Backend,
         PluginKind::Communicator,
         PluginKind::ParallelStrategy,
@@ -60,6 +66,7 @@ impl PluginKind {
         PluginKind::Dataset,
         PluginKind::Tokenizer,
         PluginKind::MetricsSink,
+        PluginKind::Mlp,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -74,6 +81,7 @@ impl PluginKind {
             PluginKind::Dataset => "dataset",
             PluginKind::Tokenizer => "tokenizer",
             PluginKind::MetricsSink => "metrics",
+            PluginKind::Mlp => "mlp",
         }
     }
 
@@ -111,6 +119,7 @@ pub enum Factory {
     Dataset(fn(ConfigDe, &DatasetEnv) -> Result<DatasetSplits>),
     Tokenizer(fn(ConfigDe) -> Result<Arc<dyn Tokenizer>>),
     MetricsSink(fn(ConfigDe) -> Result<Box<dyn MetricsSink>>),
+    Mlp(MlpFactory),
 }
 
 impl Factory {
@@ -126,6 +135,7 @@ impl Factory {
             Factory::Dataset(_) => PluginKind::Dataset,
             Factory::Tokenizer(_) => PluginKind::Tokenizer,
             Factory::MetricsSink(_) => PluginKind::MetricsSink,
+            Factory::Mlp(_) => PluginKind::Mlp,
         }
     }
 }
@@ -399,6 +409,20 @@ impl Registry {
             Factory::MetricsSink(f) => f(de),
             _ => unreachable!("registry keys are kind-checked"),
         })
+    }
+}
+
+impl Registry {
+    /// Resolves the `mlp` plugin `name` with `config` (the override of kind `mlp` applied);
+    /// the model factory builds one module per layer from it ([`MlpProvider::build`]).
+    pub fn mlp_provider(&self, name: &str, config: serde_json::Value) -> Result<MlpProvider> {
+        let entry = self.get(PluginKind::Mlp, name)?;
+        let config = match self.overrides.get(&PluginKind::Mlp) {
+            Some(o) => apply_override(PluginKind::Mlp, name, config, o)?,
+            None => config,
+        };
+        let Factory::Mlp(factory) = entry.plugin.factory else { unreachable!("registry keys are kind-checked") };
+        Ok(MlpProvider { name: name.to_string(), origin: entry.origin.clone(), config, factory, guard: entry.guard })
     }
 }
 

@@ -104,7 +104,7 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
         "seq_length": p.seq, "max_position_embeddings": p.seq, "vocab_size": p.vocab,
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234,
     });
-    let env = ModelEnv { backend: backend.clone(), ctx: ParallelContext::single() };
+    let env = ModelEnv { backend: backend.clone(), ctx: ParallelContext::single(), mlp: None };
     let mut model = registry.model("gpt", model_cfg, &env).context("building the benchmark model")?;
     let mut optimizer = registry.optimizer("adam", json!({}))?;
     let n_tokens = p.mbs * p.seq;

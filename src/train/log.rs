@@ -41,6 +41,32 @@ impl LogLine {
 }
 
 /// Python's `'{:.6E}'` (e.g. `5.000000E-05`): Rust's `{:E}` has no zero-padded exponent.
+/// The model's own values ([`megatron_core::Model::take_metrics`]: MoE losses and expert
+/// loads) averaged over the iterations of a log interval, appended to the log line.
+#[derive(Default)]
+pub struct ModelMetrics {
+    sums: std::collections::BTreeMap<String, (f64, f64)>,
+}
+
+impl ModelMetrics {
+    pub fn add(&mut self, values: Vec<(String, f64)>) {
+        for (name, v) in values {
+            let e = self.sums.entry(name).or_insert((0.0, 0.0));
+            e.0 += v;
+            e.1 += 1.0;
+        }
+    }
+
+    pub fn averages(&self) -> Vec<(String, f64)> {
+        self.sums.iter().map(|(k, (s, n))| (k.clone(), s / n.max(1.0))).collect()
+    }
+
+    /// ` name: value |` for each, in name order (empty without metrics).
+    pub fn render(&self) -> String {
+        self.averages().iter().map(|(k, v)| format!(" {k}: {} |", sci(*v))).collect()
+    }
+}
+
 pub fn sci(x: f64) -> String {
     if x == 0.0 {
         return "0.000000E+00".into();

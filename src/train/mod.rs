@@ -138,8 +138,10 @@ impl Trainer {
         let (mut interval_start, mut interval_iters) = (Instant::now(), 0u64);
         let (mut loss_sum, mut loss_count) = (0.0f64, 0u64);
         let mut last_saved = None;
+        let mut model_metrics = log::ModelMetrics::default();
         while self.state.iteration < args.train_iters {
             let step = self.train_step()?;
+            model_metrics.add(self.model.take_metrics());
             self.state.iteration += 1;
             self.state.consumed_train_samples += gbs as u64;
             let flops = self.model.flops_per_iteration(gbs);
@@ -194,7 +196,10 @@ impl Trainer {
                 };
                 if self.is_logging_rank() {
                     progress.clear();
-                    println!("{}", line.render(&log::timestamp()));
+                    println!("{}{}", line.render(&log::timestamp()), model_metrics.render());
+                    for (name, value) in model_metrics.averages() {
+                        self.emit(&name, value)?;
+                    }
                     if args.log_timers_to_tensorboard {
                         // Timers have no "vs samples" series in Megatron.
                         self.emit_at_step("iteration-time", secs)?;
@@ -209,6 +214,7 @@ impl Trainer {
                     }
                 }
                 (interval_start, interval_iters, loss_sum, loss_count) = (Instant::now(), 0, 0.0, 0);
+                model_metrics = log::ModelMetrics::default();
                 (self.state.skipped_iters, self.state.nan_iters) = (0, 0);
             }
             if it.is_multiple_of(args.eval_interval) && args.eval_iters > 0 {

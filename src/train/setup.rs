@@ -129,8 +129,24 @@ pub fn build_trainer_with_comm(
     let train = cursor(splits.train, "train");
     anyhow::ensure!(train.is_some(), "the --split string gives the training split no data");
 
+    // `--num-experts`: the `moe` plugin fills the MLP slots (an error naming the plugin otherwise).
+    anyhow::ensure!(
+        a.moe.expert_model_parallel_size == 1,
+        "--expert-model-parallel-size {} is not wired into `pretrain` yet: the data-parallel gradient reduction \
+         would average different experts' gradients (expert parallelism is implemented and parity-tested at the \
+         layer level in plugins/moe, tests/ep_parity.rs); use --expert-model-parallel-size 1",
+        a.moe.expert_model_parallel_size
+    );
+    let moe_provider = match a.moe.plugin_config(cfg.num_microbatches) {
+        Some(config) => Some(registry.mlp_provider("moe", config)?),
+        None => None,
+    };
     let model = registry
-        .model(&a.model, cfg.model_config(vocab_size), &ModelEnv { backend: backend.clone(), ctx: ctx.clone() })
+        .model(
+            &a.model,
+            cfg.model_config(vocab_size),
+            &ModelEnv { backend: backend.clone(), ctx: ctx.clone(), mlp: moe_provider },
+        )
         .with_context(|| format!("building model `{}`", a.model))?;
     let optimizer = match a.optimizer.as_str() {
         "adam" => {

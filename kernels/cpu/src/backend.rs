@@ -73,6 +73,16 @@ impl Backend for CpuBackend {
         let kernel = self.bf16_kernel();
         self.run(|| gemm::gemm_op(a, b, c, spec, bias, kernel))
     }
+    fn grouped_gemm(
+        &self,
+        a: &DeviceTensor,
+        b: &DeviceTensor,
+        c: &mut DeviceTensor,
+        groups: &[megatron_core::GemmGroup],
+        spec: megatron_core::GroupedGemmSpec,
+    ) -> Result<()> {
+        self.run(|| crate::grouped_gemm::grouped_gemm_op(a, b, c, groups, spec))
+    }
 
     fn layernorm_forward(
         &self,

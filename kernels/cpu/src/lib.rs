@@ -23,6 +23,7 @@ mod embedding;
 mod expvec;
 mod gemm;
 mod gemm_half;
+mod grouped_gemm;
 mod kv_attention;
 mod kv_slots;
 mod loss;

@@ -32,7 +32,17 @@ use megatron_core::{Factory, Model, Plugin, Result};
 
 fn build_gpt(de: ConfigDe, env: &ModelEnv) -> Result<Box<dyn Model>> {
     let config: GptConfig = parse_config(de, "gpt")?;
-    Ok(Box::new(GptModel::new(config, env.backend.clone(), env.ctx.clone())?))
+    let (backend, ctx) = (env.backend.clone(), env.ctx.clone());
+    Ok(Box::new(match &env.mlp {
+        // An `mlp` plugin (MoE) fills the MLP slots it wants; everything else stays local.
+        Some(mlp) => GptModel::with_provider(
+            config,
+            backend,
+            ctx,
+            &megatron_transformer::WithMlpProvider { inner: &megatron_transformer::LocalSpecProvider, mlp },
+        )?,
+        None => GptModel::new(config, backend, ctx)?,
+    }))
 }
 
 fn plugins() -> Vec<Plugin> {

@@ -320,7 +320,13 @@ impl Model for GptModel {
     }
 
     fn finalize_grads(&mut self) -> Result<()> {
-        self.all_reduce_shared_embedding_grad()
+        self.all_reduce_shared_embedding_grad()?;
+        self.decoder.layers.iter_mut().try_for_each(|l| l.mlp.finalize_grads())
+    }
+
+    /// The MLP plugins' metrics of this stage's layers (MoE losses and expert loads).
+    fn take_metrics(&mut self) -> Vec<(String, f64)> {
+        self.decoder.layers.iter_mut().flat_map(|l| l.mlp.take_metrics()).collect()
     }
 }
 

@@ -13,7 +13,7 @@ fn gpt_plugin_builds_from_json_and_rejects_unknown_fields() {
     let _ = megatron_gpt::GptConfig::new(1, 8, 2, 4, 16);
     let reg = Registry::builtin().unwrap();
     assert!(reg.names(PluginKind::Model).contains(&"gpt"));
-    let env = ModelEnv { backend: backend(), ctx: ParallelContext::single() };
+    let env = ModelEnv { backend: backend(), ctx: ParallelContext::single(), mlp: None };
     let cfg = serde_json::json!({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 2, "seq_length": 4,
         "max_position_embeddings": 4, "vocab_size": 50});
     let model = reg.model("gpt", cfg, &env).unwrap();

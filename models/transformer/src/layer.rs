@@ -13,7 +13,7 @@
 
 use crate::attention::{LayerKvCache, SelfAttention};
 use crate::init::ModuleBuilder;
-use crate::mlp::Mlp;
+use crate::mlp_slot::MlpSlot;
 use crate::norm::NormLayer;
 use crate::spec::{SpecProvider, TransformerConfig, TransformerLayerSpec};
 use crate::step::{empty, ensure_buffer, BackwardScratch, DropoutSite, StepInfo};
@@ -28,7 +28,7 @@ pub struct TransformerLayer {
     pub input_layernorm: Box<dyn NormLayer>,
     pub self_attention: SelfAttention,
     pub pre_mlp_layernorm: Box<dyn NormLayer>,
-    pub mlp: Mlp,
+    pub mlp: MlpSlot,
     hidden_dropout: f32,
     /// dtype of the norm outputs (the parameter dtype) and of the residual stream `h1`.
     act: DType,
@@ -67,7 +67,7 @@ impl TransformerLayer {
                 h,
                 eps,
             )?,
-            mlp: Mlp::new(b, provider, &format!("{prefix}.mlp"), cfg, spec.mlp)?,
+            mlp: MlpSlot::new(b, provider, &format!("{prefix}.mlp"), cfg, spec.mlp, layer_number)?,
             hidden_dropout: cfg.hidden_dropout,
             act: b.dtype(),
             residual: b.precision.residual,

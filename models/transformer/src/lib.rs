@@ -18,6 +18,7 @@ pub mod init;
 pub mod layer;
 pub mod linear;
 pub mod mlp;
+pub mod mlp_slot;
 pub mod norm;
 pub mod precision;
 pub mod spec;
@@ -32,6 +33,7 @@ pub use init::{Init, ModuleBuilder, Split};
 pub use layer::TransformerLayer;
 pub use linear::{linear_backward, linear_forward, ColumnParallelLinear, LinearConfig, LinearLayer, RowParallelLinear};
 pub use mlp::Mlp;
+pub use mlp_slot::{MlpSlot, WithMlpProvider};
 pub use norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
 pub use precision::Precision;
 pub use spec::{

@@ -185,6 +185,18 @@ pub trait SpecProvider: Send + Sync {
         hidden: usize,
         eps: f32,
     ) -> Result<Box<dyn NormLayer>>;
+    /// A module from an `mlp` plugin for the MLP slot of layer `layer_number`, or `None` for
+    /// the dense MLP (the default; see [`crate::mlp_slot::WithMlpProvider`]).
+    fn mlp_module(
+        &self,
+        _b: &ModuleBuilder,
+        _prefix: &str,
+        _cfg: &TransformerConfig,
+        _spec: MlpSpec,
+        _layer_number: usize,
+    ) -> Result<Option<Box<dyn megatron_core::MlpModule>>> {
+        Ok(None)
+    }
 }
 
 /// The local (pure Megatron-Core) tensor-parallel provider: gemm-based parallel linears and

@@ -157,6 +157,54 @@ impl Communicator for LocalCommunicator {
         self.world.collective(group, self.rank, desc, Payload::Empty, None).map(|_| ())
     }
 
+    fn all_to_all(
+        &self,
+        group: &Group,
+        input: &DeviceTensor,
+        send_splits: &[usize],
+        output: &mut DeviceTensor,
+        recv_splits: &[usize],
+    ) -> Result<()> {
+        let buf = self.host(input, "all_to_all")?;
+        let n = group.size();
+        let row = |t: &DeviceTensor| t.shape().iter().skip(1).product::<usize>();
+        let (rows_in, rows_out): (usize, usize) = (send_splits.iter().sum(), recv_splits.iter().sum());
+        if send_splits.len() != n
+            || recv_splits.len() != n
+            || input.shape().first() != Some(&rows_in)
+            || output.shape().first() != Some(&rows_out)
+            || row(input) != row(output)
+            || input.dtype() != output.dtype()
+        {
+            bail!(
+                "all_to_all on group `{}` (rank {}): input {:?} {} with send splits {send_splits:?} and output {:?} {} \
+                 with recv splits {recv_splits:?} must have one split per member ({n}), splits that add up to dim 0, \
+                 and equal row sizes and dtypes",
+                group.name,
+                self.rank,
+                input.shape(),
+                input.dtype(),
+                output.shape(),
+                output.dtype()
+            );
+        }
+        let counts: Vec<usize> = send_splits.iter().map(|s| s * row(input)).collect();
+        let parts = crate::payload::split_counts(buf, &counts)?;
+        let desc = OpDesc { kind: Kind::AllToAll, op: None, dtype: Some(buf.dtype()), len: n, root: None };
+        let out = self.world.collective(group, self.rank, desc, Payload::Parts(parts), None)?;
+        let got = out.len();
+        if got != output.numel() {
+            bail!(
+                "all_to_all on group `{}` (rank {}): received {got} elements but recv splits {recv_splits:?} expect {}; \
+                 the peers' send splits disagree with this rank's recv splits",
+                group.name,
+                self.rank,
+                output.numel()
+            );
+        }
+        self.store(output, out, "all_to_all")
+    }
+
     fn abort(&self, reason: &str) {
         self.world.poison(format!("rank {} aborted the world: {reason}", self.rank));
     }

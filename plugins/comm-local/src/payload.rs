@@ -13,6 +13,8 @@ pub enum Payload {
     Tensor(HostBuffer),
     F64(Vec<f64>),
     Empty,
+    /// All-to-all input: the part for each group member, in group order.
+    Parts(Vec<HostBuffer>),
 }
 
 impl Payload {
@@ -21,6 +23,7 @@ impl Payload {
             Payload::Tensor(b) => b.len(),
             Payload::F64(v) => v.len(),
             Payload::Empty => 0,
+            Payload::Parts(p) => p.iter().map(HostBuffer::len).sum(),
         }
     }
 
@@ -39,6 +42,8 @@ pub enum Kind {
     ReduceScatter,
     Broadcast,
     Barrier,
+    /// `len` is the group size (per-rank element counts differ).
+    AllToAll,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +66,7 @@ impl fmt::Display for OpDesc {
             Kind::ReduceScatter => "reduce_scatter",
             Kind::Broadcast => "broadcast",
             Kind::Barrier => "barrier",
+            Kind::AllToAll => "all_to_all",
         };
         write!(f, "{name}(")?;
         if let Some(op) = self.op {
@@ -100,6 +106,49 @@ pub fn compute(desc: &OpDesc, inputs: Vec<Payload>, root_index: Option<usize>) -
             let reduced = reduce(inputs, desc.op.unwrap_or(ReduceOp::Sum))?;
             Outputs::PerRank(split(reduced, n)?)
         }
+        Kind::AllToAll => Outputs::PerRank(transpose_parts(inputs)?),
+    })
+}
+
+/// All-to-all: member `j` gets the `j`-th part of every input, concatenated in group order.
+fn transpose_parts(inputs: Vec<Payload>) -> Result<Vec<Payload>> {
+    let n = inputs.len();
+    let mut columns: Vec<Vec<Payload>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    for (i, p) in inputs.into_iter().enumerate() {
+        let Payload::Parts(parts) = p else { bail!("all_to_all input of member {i} is not split into parts") };
+        if parts.len() != n {
+            bail!("all_to_all input of member {i} has {} parts for a group of {n}", parts.len());
+        }
+        for (j, part) in parts.into_iter().enumerate() {
+            columns[j].push(Payload::Tensor(part));
+        }
+    }
+    columns.into_iter().map(concat).collect()
+}
+
+/// `b` cut into consecutive pieces of `counts` elements (which must add up to its length).
+pub fn split_counts(b: &HostBuffer, counts: &[usize]) -> Result<Vec<HostBuffer>> {
+    if counts.iter().sum::<usize>() != b.len() {
+        bail!("split counts {counts:?} do not add up to the {} elements", b.len());
+    }
+    fn cut<T: Clone>(v: &[T], counts: &[usize], wrap: fn(Vec<T>) -> HostBuffer) -> Vec<HostBuffer> {
+        let mut off = 0;
+        counts
+            .iter()
+            .map(|&c| {
+                off += c;
+                wrap(v[off - c..off].to_vec())
+            })
+            .collect()
+    }
+    Ok(match b {
+        HostBuffer::F32(v) => cut(v, counts, HostBuffer::F32),
+        HostBuffer::BF16(v) => cut(v, counts, HostBuffer::BF16),
+        HostBuffer::F16(v) => cut(v, counts, HostBuffer::F16),
+        HostBuffer::I32(v) => cut(v, counts, HostBuffer::I32),
+        HostBuffer::I64(v) => cut(v, counts, HostBuffer::I64),
+        HostBuffer::U8(v) => cut(v, counts, HostBuffer::U8),
+        HostBuffer::U16(v) => cut(v, counts, HostBuffer::U16),
     })
 }
 

@@ -301,5 +301,6 @@ fn describe(p: &Payload) -> String {
         Payload::Tensor(b) => b.dtype().to_string(),
         Payload::F64(_) => "f64".into(),
         Payload::Empty => "empty".into(),
+        Payload::Parts(p) => format!("{} parts", p.len()),
     }
 }

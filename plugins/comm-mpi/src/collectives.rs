@@ -30,6 +30,7 @@ fn kind_code(k: Kind) -> u64 {
         Kind::ReduceScatter => 4,
         Kind::Broadcast => 5,
         Kind::Barrier => 6,
+        Kind::AllToAll => 7,
     }
 }
 
@@ -41,6 +42,7 @@ fn kind_of(code: u64) -> Option<Kind> {
         4 => Kind::ReduceScatter,
         5 => Kind::Broadcast,
         6 => Kind::Barrier,
+        7 => Kind::AllToAll,
         _ => return None,
     })
 }

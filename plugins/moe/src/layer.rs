@@ -1,0 +1,440 @@
+//! [`MoeLayer`]: the `MlpModule` the plugin puts into an MLP slot (Megatron's `MoELayer`):
+//! router → dispatch → grouped experts → combine, `out[t] = Σ_k gate_k · expert_k(x_t)`.
+//!
+//! Everything one microbatch's backward needs is kept in [`DeviceTensor`]s listed by
+//! `saved_activations_mut` (pipeline stages swap them per microbatch): the router logits
+//! `(N, E)`, the top-k ids/gates/kept mask `(N, k)`, the aux/z-loss gradient `(N, E)`, the
+//! dispatch permutation and splits, and the experts' activations (see `ExpertSaved`).
+//! Aux and z losses enter the gradient only (scaled by `1/num_microbatches` like the LM loss)
+//! and are reported through `take_metrics`, with the tokens each expert processed.
+
+use crate::config::MoeConfig;
+use crate::dispatch::{gather_rows, scatter_rows, EpGroup};
+use crate::experts::{ExpertSaved, Experts};
+use crate::init::normal_param;
+use crate::router::{self, Score};
+use anyhow::{bail, Result};
+use megatron_core::{
+    Backend, DType, DeviceTensor, GemmSpec, HostBuffer, MlpEnv, MlpModule, MlpStep, ParallelContext, Param, ReduceOp,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+// The dispatchers' forward halves (alltoall, allgather) live in a child module so they can
+// use this module's private state.
+#[path = "layer_dispatch.rs"]
+mod layer_dispatch;
+
+struct Saved {
+    logits: DeviceTensor,      // (N, E)
+    idx: DeviceTensor,         // (N, k) i32: selected experts
+    gate: DeviceTensor,        // (N, k): gate weights (before dropping)
+    kept: DeviceTensor,        // (N, k): 1 kept, 0 dropped by capacity
+    aux_dlogits: DeviceTensor, // (N, E): aux + z-loss gradient of the logits
+    perm: DeviceTensor,        // (M) i32: assignment id `t·k + slot` of every dispatched row
+    splits: DeviceTensor,      // (2·ep) i32: alltoall send splits, then recv splits
+    order: DeviceTensor,       // (M_recv) i32: regrouping of the received rows by local expert
+    sizes: DeviceTensor,       // (E_local) i32: rows per local expert before capacity padding
+    experts: ExpertSaved,
+}
+
+pub struct MoeLayer {
+    backend: Arc<dyn Backend>,
+    ctx: ParallelContext,
+    cfg: MoeConfig,
+    score: Score,
+    layer: usize,
+    hidden: usize,
+    ep: EpGroup,
+    /// Experts per EP rank.
+    local: usize,
+    /// `{prefix}.router.weight` `(E, C)`.
+    pub router: Param,
+    pub experts: Experts,
+    /// Aux-loss-free balancing bias (selection only), updated once per step.
+    pub expert_bias: Vec<f32>,
+    /// Tokens routed per expert in this step's microbatches (bias update).
+    step_counts: Vec<f64>,
+    /// `global_aux_loss`: DP-reduced counts accumulated over this step's microbatches.
+    global_counts: Vec<f64>,
+    global_microbatches: usize,
+    /// Metric name → (sum, count) since the last `take_metrics`.
+    metrics: BTreeMap<String, (f64, f64)>,
+    /// The last training forward's (aux loss, z-loss) values (tests).
+    pub last_losses: (f64, f64),
+    saved: Saved,
+}
+
+impl MoeLayer {
+    pub fn new(cfg: MoeConfig, env: &MlpEnv) -> Result<MoeLayer> {
+        cfg.validate()?;
+        let backend = env.backend.clone();
+        let (e, ep) = (cfg.num_experts, cfg.expert_model_parallel_size);
+        let group = EpGroup::new(&env.ctx, backend.clone(), ep)?;
+        let local = e / ep;
+        let ffn = cfg.moe_ffn_hidden_size.unwrap_or(env.ffn_hidden_size);
+        if ffn == 0 {
+            bail!("--moe-ffn-hidden-size must be >= 1");
+        }
+        let router = normal_param(
+            backend.as_ref(),
+            &format!("{}.router.weight", env.prefix),
+            &[e, env.hidden_size],
+            env.init_method_std,
+            env.seed,
+        )?;
+        let experts = Experts::new(
+            backend.clone(),
+            &env.prefix,
+            (group.rank * local, local),
+            (env.hidden_size, ffn),
+            env.swiglu,
+            cfg.moe_grouped_gemm,
+            (env.init_method_std, env.output_init_std, env.seed),
+        )?;
+        let bk = backend.as_ref();
+        let z = || bk.zeros(&[0], DType::F32);
+        let zi = || bk.zeros(&[0], DType::I32);
+        let saved = Saved {
+            logits: z()?,
+            idx: zi()?,
+            gate: z()?,
+            kept: z()?,
+            aux_dlogits: z()?,
+            perm: zi()?,
+            splits: zi()?,
+            order: zi()?,
+            sizes: zi()?,
+            experts: ExpertSaved::empty(bk)?,
+        };
+        Ok(MoeLayer {
+            score: Score::of(&cfg),
+            layer: env.layer_number,
+            hidden: env.hidden_size,
+            ctx: env.ctx.clone(),
+            ep: group,
+            local,
+            router,
+            experts,
+            expert_bias: vec![0.0; e],
+            step_counts: vec![0.0; e],
+            global_counts: vec![0.0; e],
+            global_microbatches: 0,
+            metrics: BTreeMap::new(),
+            last_losses: (0.0, 0.0),
+            saved,
+            cfg,
+            backend,
+        })
+    }
+
+    fn record(&mut self, name: String, value: f64) {
+        let m = self.metrics.entry(name).or_insert((0.0, 0.0));
+        m.0 += value;
+        m.1 += 1.0;
+    }
+
+    fn i32_tensor(&self, v: &[usize]) -> Result<DeviceTensor> {
+        self.backend.from_host(HostBuffer::I32(v.iter().map(|&x| x as i32).collect()), &[v.len()])
+    }
+
+    /// Router: logits, selection, dropping, aux/z losses. Returns `(idx, gate, kept)`.
+    fn route(&mut self, x: &DeviceTensor, n: usize, step: MlpStep) -> Result<(Vec<i32>, Vec<f32>, Vec<f32>)> {
+        let (e, k, c) = (self.cfg.num_experts, self.cfg.moe_router_topk, self.hidden);
+        let bk = self.backend.clone();
+        let mut logits = bk.zeros(&[n, e], DType::F32)?;
+        bk.gemm(x, &self.router.value, &mut logits, GemmSpec::linear(n, e, c), None)?;
+        let lv = logits.host_f32()?.to_vec();
+        let scale = self.cfg.moe_router_topk_scaling_factor.unwrap_or(1.0);
+        let (idx, gate) = router::select(self.score, &lv, e, k, &self.expert_bias, scale);
+        let counts = router::counts(&idx, e, k, n);
+        let kept = match self.cfg.moe_expert_capacity_factor {
+            Some(cf) => {
+                let cap = ((n * k) as f64 / e as f64 * cf as f64).ceil() as usize;
+                router::capacity_mask(&idx, &gate, e, cap, self.cfg.moe_token_drop_policy == "probs")
+            }
+            None => vec![1.0; n * k],
+        };
+        let mut aux_d = vec![0.0f32; n * e];
+        if step.train {
+            let g = 1.0 / self.cfg.num_microbatches as f32;
+            let coeff = self.cfg.moe_aux_loss_coeff;
+            let kind = self.cfg.moe_router_load_balancing_type.clone();
+            let aux = match kind.as_str() {
+                "aux_loss" if coeff > 0.0 => {
+                    router::switch_aux_loss(self.score, &lv, e, k, n, &counts, n as f64, coeff, g, &mut aux_d)
+                }
+                "seq_aux_loss" if coeff > 0.0 => {
+                    let per_seq = router::counts(&idx, e, k, step.seq);
+                    router::switch_aux_loss(
+                        self.score,
+                        &lv,
+                        e,
+                        k,
+                        step.seq,
+                        &per_seq,
+                        step.seq as f64,
+                        coeff,
+                        g,
+                        &mut aux_d,
+                    )
+                }
+                "global_aux_loss" if coeff > 0.0 => {
+                    let mut global = counts.clone();
+                    self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut global, ReduceOp::Sum)?;
+                    self.global_counts.iter_mut().zip(&global).for_each(|(a, b)| *a += b);
+                    self.global_microbatches += 1;
+                    let avg: Vec<f64> =
+                        self.global_counts.iter().map(|v| v / self.global_microbatches as f64).collect();
+                    let t = (n * self.ctx.dp_size()) as f64;
+                    router::switch_aux_loss(self.score, &lv, e, k, n, &avg, t, coeff, g, &mut aux_d)
+                }
+                _ => 0.0,
+            };
+            let z = match self.cfg.moe_z_loss_coeff {
+                Some(cz) if cz > 0.0 => router::z_loss(&lv, e, cz, g, &mut aux_d),
+                _ => 0.0,
+            };
+            self.last_losses = (aux, z);
+            if kind != "none" && coeff > 0.0 {
+                let name = match kind.as_str() {
+                    "seq_aux_loss" => "seq_load_balancing_loss",
+                    "global_aux_loss" => "global_load_balancing_loss",
+                    _ => "load_balancing_loss",
+                };
+                self.record(name.into(), aux);
+            }
+            if self.cfg.moe_z_loss_coeff.is_some() {
+                self.record("z_loss".into(), z);
+            }
+            self.step_counts.iter_mut().zip(&counts).for_each(|(a, b)| *a += b);
+            // Tokens each expert processes (after dropping), over this rank's tokens.
+            let mut load = vec![0.0f64; e];
+            for (a, &j) in idx.iter().enumerate() {
+                load[j as usize] += kept[a] as f64;
+            }
+            let (min, max) = load.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            let mean = (n * k) as f64 / e as f64;
+            let l = self.layer;
+            self.record(format!("expert_load_min/layer{l}"), min);
+            self.record(format!("expert_load_max/layer{l}"), max);
+            self.record(format!("expert_load_imbalance/layer{l}"), max / mean.max(1e-12));
+            if self.cfg.moe_expert_capacity_factor.is_some() {
+                let dropped = kept.iter().filter(|&&v| v == 0.0).count();
+                self.record(format!("dropped_token_fraction/layer{l}"), dropped as f64 / (n * k) as f64);
+            }
+        }
+        let bk = self.backend.as_ref();
+        self.saved.logits = logits;
+        self.saved.idx = bk.from_host(HostBuffer::I32(idx.clone()), &[n, k])?;
+        self.saved.gate = bk.from_host(HostBuffer::F32(gate.clone()), &[n, k])?;
+        self.saved.kept = bk.from_host(HostBuffer::F32(kept.clone()), &[n, k])?;
+        self.saved.aux_dlogits = bk.from_host(HostBuffer::F32(aux_d), &[n, e])?;
+        Ok((idx, gate, kept))
+    }
+
+    /// Kept assignments `t·k + slot` ordered by (expert, token, slot).
+    fn sorted_assignments(idx: &[i32], kept: &[f32], keep: impl Fn(i32) -> bool) -> Vec<usize> {
+        let mut a: Vec<usize> = (0..idx.len()).filter(|&a| kept[a] != 0.0 && keep(idx[a])).collect();
+        a.sort_by_key(|&a| (idx[a], a));
+        a
+    }
+
+    /// Pads every local expert's rows to the capacity (zero rows, zero gate) when asked.
+    fn padded(&self, n_tokens: usize) -> Option<usize> {
+        let (e, k) = (self.cfg.num_experts, self.cfg.moe_router_topk);
+        match (self.cfg.moe_pad_expert_input_to_capacity, self.cfg.moe_expert_capacity_factor) {
+            (true, Some(cf)) => Some(((n_tokens * k) as f64 / e as f64 * cf as f64).ceil() as usize),
+            _ => None,
+        }
+    }
+
+    /// Experts on rows `[x | gate]` grouped by local expert (`sizes`), optionally padded to
+    /// capacity; returns `Z (M, C)` for the unpadded rows.
+    fn run_experts(&mut self, rows: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
+        let c = self.hidden;
+        self.saved.sizes = self.i32_tensor(sizes)?;
+        let (mut x, mut w): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+        for r in rows.chunks(c + 1) {
+            x.extend_from_slice(&r[..c]);
+            w.push(r[c]);
+        }
+        let Some(cap) = self.padded(n) else {
+            let m = w.len();
+            let xt = self.backend.from_host(HostBuffer::F32(x), &[m, c])?;
+            return self.experts.forward(xt, w, sizes, &mut self.saved.experts);
+        };
+        // Static shapes: every expert gets exactly `cap` rows (≥ its tokens by construction).
+        let (mut px, mut pw, mut start) = (Vec::new(), Vec::new(), 0);
+        for &s in sizes {
+            px.extend_from_slice(&x[start * c..(start + s) * c]);
+            pw.extend_from_slice(&w[start..start + s]);
+            px.resize(px.len() + cap.saturating_sub(s) * c, 0.0);
+            pw.resize(pw.len() + cap.saturating_sub(s), 0.0);
+            start += s;
+        }
+        let xt = self.backend.from_host(HostBuffer::F32(px), &[cap * sizes.len(), c])?;
+        let z = self.experts.forward(xt, pw, &vec![cap; sizes.len()], &mut self.saved.experts)?;
+        let mut out = Vec::with_capacity(start * c);
+        for (j, &s) in sizes.iter().enumerate() {
+            out.extend_from_slice(&z[j * cap * c..(j * cap + s) * c]);
+        }
+        Ok(out)
+    }
+
+    /// Experts' backward for unpadded `dz (M, C)`; returns rows `[dx | dgate]`.
+    fn backward_experts(&mut self, dz: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
+        let c = self.hidden;
+        let (dx, dw) = match self.padded(n) {
+            None => self.experts.backward(&self.saved.experts, dz)?,
+            Some(cap) => {
+                let mut pdz = Vec::new();
+                let mut start = 0;
+                for &s in sizes {
+                    pdz.extend_from_slice(&dz[start * c..(start + s) * c]);
+                    pdz.resize(pdz.len() + cap.saturating_sub(s) * c, 0.0);
+                    start += s;
+                }
+                let (pdx, pdw) = self.experts.backward(&self.saved.experts, &pdz)?;
+                let (mut dx, mut dw) = (Vec::new(), Vec::new());
+                for (j, &s) in sizes.iter().enumerate() {
+                    dx.extend_from_slice(&pdx[j * cap * c..(j * cap + s) * c]);
+                    dw.extend_from_slice(&pdw[j * cap..j * cap + s]);
+                }
+                (dx, dw)
+            }
+        };
+        Ok(dx.chunks(c.max(1)).zip(&dw).flat_map(|(r, &g)| r.iter().copied().chain(std::iter::once(g))).collect())
+    }
+
+    fn counts_from_sizes(&self) -> Result<Vec<usize>> {
+        Ok(self.saved.sizes.host_i32()?.iter().map(|&s| s as usize).collect())
+    }
+}
+
+impl MlpModule for MoeLayer {
+    fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor, step: MlpStep) -> Result<()> {
+        let c = self.hidden;
+        let n = x.numel() / c;
+        let (idx, gate, kept) = self.route(x, n, step)?;
+        let xv = x.host_f32()?;
+        let o = if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
+            self.forward_allgather(xv, &idx, &gate, &kept, n)?
+        } else {
+            self.forward_alltoall(xv, &idx, &gate, &kept, n)?
+        };
+        if out.shape() != x.shape() || out.dtype() != DType::F32 {
+            *out = self.backend.zeros(x.shape(), DType::F32)?;
+        }
+        out.host_f32_mut()?.copy_from_slice(&o);
+        Ok(())
+    }
+
+    fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
+        let (c, e, k) = (self.hidden, self.cfg.num_experts, self.cfg.moe_router_topk);
+        let n = x.numel() / c;
+        let dov = d_out.host_f32()?.to_vec();
+        let perm: Vec<usize> = self.saved.perm.host_i32()?.iter().map(|&v| v as usize).collect();
+        let sizes = self.counts_from_sizes()?;
+        let (mut dx, mut dgate) = (vec![0.0f32; n * c], vec![0.0f32; n * k]);
+        if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
+            let d_all = self.ep.all_gather(dov, c)?;
+            let dz: Vec<f32> = perm.iter().flat_map(|&a| d_all[(a / k) * c..(a / k + 1) * c].iter().copied()).collect();
+            let rows = self.backward_experts(&dz, &sizes, n)?;
+            let (mut pdx, mut pdg) = (vec![0.0f32; d_all.len()], vec![0.0f32; self.ep.size * n * k]);
+            for (r, &a) in perm.iter().enumerate() {
+                let t = a / k;
+                let row = &rows[r * (c + 1)..(r + 1) * (c + 1)];
+                pdx[t * c..(t + 1) * c].iter_mut().zip(&row[..c]).for_each(|(o, v)| *o += v);
+                pdg[a] = row[c];
+            }
+            dx = self.ep.reduce_scatter(pdx, c)?;
+            dgate = self.ep.reduce_scatter(pdg, k)?;
+        } else {
+            let ep = self.ep.size;
+            let splits: Vec<usize> = self.saved.splits.host_i32()?.iter().map(|&v| v as usize).collect();
+            let order: Vec<usize> = self.saved.order.host_i32()?.iter().map(|&v| v as usize).collect();
+            let (send, recv) = splits.split_at(ep);
+            let dz_send: Vec<f32> =
+                perm.iter().flat_map(|&a| dov[(a / k) * c..(a / k + 1) * c].iter().copied()).collect();
+            let dz_recv = if ep > 1 { self.ep.all_to_all(dz_send, c, send, recv)? } else { dz_send };
+            let dz = gather_rows(&dz_recv, c, &order);
+            let rows = self.backward_experts(&dz, &sizes, n)?;
+            let rows = scatter_rows(&rows, c + 1, &order);
+            let rows = if ep > 1 { self.ep.all_to_all(rows, c + 1, recv, send)? } else { rows };
+            for (r, &a) in perm.iter().enumerate() {
+                let t = a / k;
+                let row = &rows[r * (c + 1)..(r + 1) * (c + 1)];
+                dx[t * c..(t + 1) * c].iter_mut().zip(&row[..c]).for_each(|(o, v)| *o += v);
+                dgate[a] = row[c];
+            }
+        }
+        // Router: gate gradient → logits (+ aux/z-loss gradient) → x and the router weight.
+        let lv = self.saved.logits.host_f32()?;
+        let idx = self.saved.idx.host_i32()?;
+        let scale = self.cfg.moe_router_topk_scaling_factor.unwrap_or(1.0);
+        let mut dl = router::select_backward(self.score, lv, e, idx, &dgate, scale);
+        dl.iter_mut().zip(self.saved.aux_dlogits.host_f32()?).for_each(|(a, b)| *a += b);
+        let bk = self.backend.as_ref();
+        let dl = bk.from_host(HostBuffer::F32(dl), &[n, e])?;
+        if d_x.shape() != x.shape() || d_x.dtype() != DType::F32 {
+            *d_x = bk.zeros(x.shape(), DType::F32)?;
+        }
+        d_x.host_f32_mut()?.copy_from_slice(&dx);
+        let add = GemmSpec { m: n, n: c, k: e, trans_a: false, trans_b: false, alpha: 1.0, beta: 1.0 };
+        bk.gemm(&dl, &self.router.value, d_x, add, None)?;
+        let dw = GemmSpec { m: e, n: c, k: n, trans_a: true, trans_b: false, alpha: 1.0, beta: 1.0 };
+        bk.gemm(&dl, x, &mut self.router.grad, dw, None)
+    }
+
+    fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
+        let s = &mut self.saved;
+        let mut v = vec![
+            &mut s.logits,
+            &mut s.idx,
+            &mut s.gate,
+            &mut s.kept,
+            &mut s.aux_dlogits,
+            &mut s.perm,
+            &mut s.splits,
+            &mut s.order,
+            &mut s.sizes,
+        ];
+        v.extend(s.experts.tensors_mut());
+        v
+    }
+
+    fn params(&self) -> Vec<&Param> {
+        let mut p = vec![&self.router];
+        p.extend(self.experts.fc1.iter().zip(&self.experts.fc2).flat_map(|(a, b)| [a, b]));
+        p
+    }
+
+    fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut p = vec![&mut self.router];
+        p.extend(self.experts.fc1.iter_mut().zip(self.experts.fc2.iter_mut()).flat_map(|(a, b)| [a, b]));
+        p
+    }
+
+    /// Expert-bias update (aux-loss-free balancing): token counts reduced over the DP group,
+    /// `bias_i += rate · sign(mean − n_i)`; and the reset of the global aux-loss counts.
+    fn finalize_grads(&mut self) -> Result<()> {
+        if self.cfg.moe_router_enable_expert_bias {
+            let mut counts = std::mem::take(&mut self.step_counts);
+            self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut counts, ReduceOp::Sum)?;
+            let mean = counts.iter().sum::<f64>() / counts.len() as f64;
+            let rate = self.cfg.moe_router_bias_update_rate;
+            for (b, &n) in self.expert_bias.iter_mut().zip(&counts) {
+                *b += rate * (mean - n).signum() as f32 * if mean == n { 0.0 } else { 1.0 };
+            }
+        }
+        self.step_counts = vec![0.0; self.cfg.num_experts];
+        self.global_counts = vec![0.0; self.cfg.num_experts];
+        self.global_microbatches = 0;
+        Ok(())
+    }
+
+    fn take_metrics(&mut self) -> Vec<(String, f64)> {
+        std::mem::take(&mut self.metrics).into_iter().map(|(k, (s, n))| (k, s / n.max(1.0))).collect()
+    }
+}

@@ -1,0 +1,233 @@
+//! `TopKRouter` math on host rows of logits `(N, E)` (SPEC §4.12, §4.15.3): scores, top-k
+//! selection (with the aux-loss-free expert bias), capacity dropping, the load-balancing and
+//! z-loss values with their gradients, and the backward of the gate weights to the logits.
+//! Ties pick the lower expert id, so routing never depends on anything but the values.
+
+use crate::config::MoeConfig;
+
+/// How the top-k gate weights are computed from the logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Score {
+    /// Top-k on the logits, softmax over the k (Megatron's default).
+    SoftmaxPost,
+    /// Softmax over all experts, then top-k (`--moe-router-pre-softmax`).
+    SoftmaxPre,
+    /// `σ(l)`, top-k, renormalised over the k when k > 1.
+    Sigmoid,
+}
+
+impl Score {
+    pub fn of(cfg: &MoeConfig) -> Score {
+        match (cfg.moe_router_score_function.as_str(), cfg.moe_router_pre_softmax) {
+            ("sigmoid", _) => Score::Sigmoid,
+            (_, true) => Score::SoftmaxPre,
+            _ => Score::SoftmaxPost,
+        }
+    }
+}
+
+fn softmax(row: &[f32]) -> Vec<f32> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f64> = row.iter().map(|&v| ((v - m) as f64).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|&v| (v / s) as f32).collect()
+}
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+/// The k largest of `key` (ties: lower index first).
+fn topk(key: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..key.len()).collect();
+    idx.sort_by(|&a, &b| key[b].total_cmp(&key[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// Top-k selection and gate weights of every token: `(idx (N,k), gate (N,k))`, the gates
+/// multiplied by the scaling factor. `bias` (E) shifts the selection only.
+pub fn select(score: Score, logits: &[f32], e: usize, k: usize, bias: &[f32], scale: f32) -> (Vec<i32>, Vec<f32>) {
+    let n = logits.len() / e;
+    let (mut idx, mut gate) = (Vec::with_capacity(n * k), Vec::with_capacity(n * k));
+    for row in logits.chunks(e) {
+        let s: Vec<f32> = match score {
+            Score::SoftmaxPost => row.to_vec(),
+            Score::SoftmaxPre => softmax(row),
+            Score::Sigmoid => row.iter().map(|&v| sigmoid(v)).collect(),
+        };
+        let key: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+        let sel = topk(&key, k);
+        let g: Vec<f32> = match score {
+            Score::SoftmaxPost => softmax(&sel.iter().map(|&j| row[j]).collect::<Vec<_>>()),
+            Score::SoftmaxPre => sel.iter().map(|&j| s[j]).collect(),
+            Score::Sigmoid => {
+                let picked: Vec<f32> = sel.iter().map(|&j| s[j]).collect();
+                let sum: f32 = picked.iter().sum();
+                if k > 1 {
+                    picked.iter().map(|v| v / sum).collect()
+                } else {
+                    picked
+                }
+            }
+        };
+        idx.extend(sel.iter().map(|&j| j as i32));
+        gate.extend(g.iter().map(|v| v * scale));
+    }
+    (idx, gate)
+}
+
+/// `d logits (N, E)` from `d gate (N, k)` (the gradient of the scaled gate weights).
+pub fn select_backward(score: Score, logits: &[f32], e: usize, idx: &[i32], d_gate: &[f32], scale: f32) -> Vec<f32> {
+    let k = idx.len() / (logits.len() / e).max(1);
+    let mut d = vec![0.0f32; logits.len()];
+    for (t, row) in logits.chunks(e).enumerate() {
+        let sel: Vec<usize> = idx[t * k..(t + 1) * k].iter().map(|&j| j as usize).collect();
+        let dg: Vec<f32> = d_gate[t * k..(t + 1) * k].iter().map(|v| v * scale).collect();
+        let out = &mut d[t * e..(t + 1) * e];
+        match score {
+            Score::SoftmaxPost => {
+                let g = softmax(&sel.iter().map(|&j| row[j]).collect::<Vec<_>>());
+                let dot: f32 = g.iter().zip(&dg).map(|(a, b)| a * b).sum();
+                for (i, &j) in sel.iter().enumerate() {
+                    out[j] += g[i] * (dg[i] - dot);
+                }
+            }
+            Score::SoftmaxPre => {
+                let p = softmax(row);
+                let mut dp = vec![0.0f32; e];
+                for (i, &j) in sel.iter().enumerate() {
+                    dp[j] += dg[i];
+                }
+                let dot: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..e {
+                    out[j] += p[j] * (dp[j] - dot);
+                }
+            }
+            Score::Sigmoid => {
+                let s: Vec<f32> = sel.iter().map(|&j| sigmoid(row[j])).collect();
+                let ds: Vec<f32> = if k > 1 {
+                    let sum: f32 = s.iter().sum();
+                    let g: Vec<f32> = s.iter().map(|v| v / sum).collect();
+                    let dot: f32 = g.iter().zip(&dg).map(|(a, b)| a * b).sum();
+                    dg.iter().map(|d| (d - dot) / sum).collect()
+                } else {
+                    dg.clone()
+                };
+                for (i, &j) in sel.iter().enumerate() {
+                    out[j] += ds[i] * s[i] * (1.0 - s[i]);
+                }
+            }
+        }
+    }
+    d
+}
+
+/// Capacity dropping: a `kept` mask `(N, k)` of 1/0 with at most `capacity` assignments per
+/// expert; `by_prob` keeps the highest gates (ties: earlier token), else the earliest tokens.
+pub fn capacity_mask(idx: &[i32], gate: &[f32], e: usize, capacity: usize, by_prob: bool) -> Vec<f32> {
+    let mut kept = vec![0.0f32; idx.len()];
+    let mut per_expert: Vec<Vec<usize>> = vec![Vec::new(); e];
+    for (a, &j) in idx.iter().enumerate() {
+        per_expert[j as usize].push(a);
+    }
+    for list in &mut per_expert {
+        if by_prob {
+            list.sort_by(|&a, &b| gate[b].total_cmp(&gate[a]).then(a.cmp(&b)));
+        }
+        for &a in list.iter().take(capacity) {
+            kept[a] = 1.0;
+        }
+    }
+    kept
+}
+
+/// Tokens routed to each expert by `idx` (before dropping), per sequence chunk of `rows`
+/// tokens: `(chunks, E)` row-major.
+pub fn counts(idx: &[i32], e: usize, k: usize, rows: usize) -> Vec<f64> {
+    let n = idx.len() / k;
+    let chunks = n.div_ceil(rows.max(1));
+    let mut c = vec![0.0f64; chunks * e];
+    for (a, &j) in idx.iter().enumerate() {
+        c[(a / k) / rows.max(1) * e + j as usize] += 1.0;
+    }
+    c
+}
+
+/// The aux-loss scores over all experts: softmax, or sigmoid normalised over the experts.
+fn aux_scores(score: Score, row: &[f32]) -> Vec<f32> {
+    match score {
+        Score::Sigmoid => {
+            let s: Vec<f32> = row.iter().map(|&v| sigmoid(v)).collect();
+            let sum: f32 = s.iter().sum();
+            s.iter().map(|v| v / sum).collect()
+        }
+        _ => softmax(row),
+    }
+}
+
+/// Switch load-balancing loss `L = coeff·E/(k·T²)·Σ_i (Σ_x p_{x,i})·n_i` over consecutive
+/// chunks of `rows` tokens (one chunk: `aux_loss`; sequences: `seq_aux_loss`, averaged over
+/// them), `n` given per chunk `(chunks, E)` with token total `t_total` per chunk. Adds
+/// `grad_scale · dL/dlogits` into `d_logits` and returns `L`.
+#[allow(clippy::too_many_arguments)]
+pub fn switch_aux_loss(
+    score: Score,
+    logits: &[f32],
+    e: usize,
+    k: usize,
+    rows: usize,
+    n: &[f64],
+    t_total: f64,
+    coeff: f32,
+    grad_scale: f32,
+    d_logits: &mut [f32],
+) -> f64 {
+    let tokens = logits.len() / e;
+    let chunks = tokens.div_ceil(rows.max(1));
+    let c = coeff as f64 * e as f64 / (k as f64 * t_total * t_total) / chunks as f64;
+    let mut loss = 0.0f64;
+    for (t, row) in logits.chunks(e).enumerate() {
+        let counts = &n[(t / rows.max(1)) * e..(t / rows.max(1) + 1) * e];
+        let p = aux_scores(score, row);
+        loss += p.iter().zip(counts).map(|(&pi, &ni)| pi as f64 * ni).sum::<f64>() * c;
+        // dL/dp_i = c·n_i, then through the score function over all experts.
+        let dp: Vec<f64> = counts.iter().map(|&ni| c * ni).collect();
+        let out = &mut d_logits[t * e..(t + 1) * e];
+        match score {
+            Score::Sigmoid => {
+                // p_i = s_i / S: dL/ds_j = (dp_j - Σ p·dp) / S; ds/dl = s(1-s).
+                let s: Vec<f64> = row.iter().map(|&v| sigmoid(v) as f64).collect();
+                let sum: f64 = s.iter().sum();
+                let dot: f64 = p.iter().zip(&dp).map(|(&a, b)| a as f64 * b).sum();
+                for j in 0..e {
+                    out[j] += grad_scale * ((dp[j] - dot) / sum * s[j] * (1.0 - s[j])) as f32;
+                }
+            }
+            _ => {
+                let dot: f64 = p.iter().zip(&dp).map(|(&a, b)| a as f64 * b).sum();
+                for j in 0..e {
+                    out[j] += grad_scale * (p[j] as f64 * (dp[j] - dot)) as f32;
+                }
+            }
+        }
+    }
+    loss
+}
+
+/// Router z-loss `coeff · mean_x logsumexp(l_x)²`; adds `grad_scale · dz/dlogits`.
+pub fn z_loss(logits: &[f32], e: usize, coeff: f32, grad_scale: f32, d_logits: &mut [f32]) -> f64 {
+    let n = (logits.len() / e).max(1) as f64;
+    let mut loss = 0.0f64;
+    for (t, row) in logits.chunks(e).enumerate() {
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+        let lse = m + s.ln();
+        loss += lse * lse;
+        for j in 0..e {
+            let p = (row[j] as f64 - lse).exp();
+            d_logits[t * e + j] += grad_scale * (coeff as f64 * 2.0 * lse * p / n) as f32;
+        }
+    }
+    coeff as f64 * loss / n
+}

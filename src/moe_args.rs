@@ -1,0 +1,81 @@
+//! The Mixture-of-Experts flags of `megatron pretrain` (SPEC §4.12). The driver only forwards
+//! them: `--num-experts` asks the plugin registry for the `mlp` plugin `moe` (feature `moe`, or
+//! `--plugin libmegatron_moe.so`), which fills the MLP slots of the model's layers.
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+#[derive(Args, Clone, Debug, Default, Serialize)]
+pub struct MoeArgs {
+    /// Experts per MoE layer; turns the `moe` MLP plugin on.
+    #[arg(long)]
+    pub num_experts: Option<usize>,
+    /// Every N-th layer is MoE, or a pattern such as "([1]*3+[0]*1)*2".
+    #[arg(long)]
+    pub moe_layer_freq: Option<String>,
+    #[arg(long)]
+    pub moe_ffn_hidden_size: Option<usize>,
+    #[arg(long, default_value_t = 2)]
+    pub moe_router_topk: usize,
+    #[arg(long, default_value = "softmax")]
+    pub moe_router_score_function: String,
+    #[arg(long)]
+    pub moe_router_pre_softmax: bool,
+    #[arg(long)]
+    pub moe_router_topk_scaling_factor: Option<f32>,
+    #[arg(long, default_value = "aux_loss")]
+    pub moe_router_load_balancing_type: String,
+    #[arg(long, default_value_t = 0.0)]
+    pub moe_aux_loss_coeff: f32,
+    #[arg(long)]
+    pub moe_z_loss_coeff: Option<f32>,
+    #[arg(long)]
+    pub moe_router_enable_expert_bias: bool,
+    #[arg(long, default_value_t = 1e-3)]
+    pub moe_router_bias_update_rate: f32,
+    #[arg(long)]
+    pub moe_expert_capacity_factor: Option<f32>,
+    #[arg(long)]
+    pub moe_pad_expert_input_to_capacity: bool,
+    #[arg(long, default_value = "probs")]
+    pub moe_token_drop_policy: String,
+    #[arg(long, default_value = "alltoall")]
+    pub moe_token_dispatcher_type: String,
+    #[arg(long, default_value_t = 1)]
+    pub expert_model_parallel_size: usize,
+    /// Accepted for Megatron compatibility: the plugin always uses its grouped GEMM.
+    #[arg(long)]
+    pub moe_grouped_gemm: bool,
+}
+
+impl MoeArgs {
+    /// The `moe` plugin's config, or `None` without `--num-experts`.
+    pub fn plugin_config(&self, num_microbatches: usize) -> Option<Value> {
+        let e = self.num_experts?;
+        let freq = match self.moe_layer_freq.as_deref().map(str::trim) {
+            None => json!(1),
+            Some(s) => s.parse::<usize>().map(|n| json!(n)).unwrap_or_else(|_| json!(s.trim_matches('"'))),
+        };
+        Some(json!({
+            "num_experts": e,
+            "moe_layer_freq": freq,
+            "moe_ffn_hidden_size": self.moe_ffn_hidden_size,
+            "moe_router_topk": self.moe_router_topk,
+            "moe_router_score_function": self.moe_router_score_function,
+            "moe_router_pre_softmax": self.moe_router_pre_softmax,
+            "moe_router_topk_scaling_factor": self.moe_router_topk_scaling_factor,
+            "moe_router_load_balancing_type": self.moe_router_load_balancing_type,
+            "moe_aux_loss_coeff": self.moe_aux_loss_coeff,
+            "moe_z_loss_coeff": self.moe_z_loss_coeff,
+            "moe_router_enable_expert_bias": self.moe_router_enable_expert_bias,
+            "moe_router_bias_update_rate": self.moe_router_bias_update_rate,
+            "moe_expert_capacity_factor": self.moe_expert_capacity_factor,
+            "moe_pad_expert_input_to_capacity": self.moe_pad_expert_input_to_capacity,
+            "moe_token_drop_policy": self.moe_token_drop_policy,
+            "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
+            "expert_model_parallel_size": self.expert_model_parallel_size,
+            "num_microbatches": num_microbatches,
+        }))
+    }
+}
