@@ -258,7 +258,7 @@ impl SelfAttention {
         }
         self.project_qkv(x, b, t, offset)?;
         let backend = self.backend.as_ref();
-        ensure_shape(backend, &mut self.context, &[b, t, np * hn])?;
+        ensure_buffer(backend, &mut self.context, &[b, t, np * hn], self.act)?;
         let spec = KvCacheAttentionSpec {
             batch: b,
             new_tokens: t,

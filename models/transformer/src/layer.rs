@@ -136,9 +136,9 @@ impl TransformerLayer {
     ) -> Result<()> {
         let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
         let backend = self.backend.as_ref();
-        for t in [&mut self.ln1_out, &mut self.h1, &mut self.ln2_out] {
-            ensure_shape(backend, t, &shape)?;
-        }
+        ensure_buffer(backend, &mut self.ln1_out, &shape, self.act)?;
+        ensure_buffer(backend, &mut self.h1, &shape, self.residual)?;
+        ensure_buffer(backend, &mut self.ln2_out, &shape, self.act)?;
         self.input_layernorm.forward(x, &mut self.ln1_out)?;
         self.self_attention.forward_slots(&self.ln1_out, &mut self.h1, cache, slots, offsets, step)?;
         backend.axpy(&mut self.h1, 1.0, x)?;
