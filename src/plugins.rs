@@ -29,6 +29,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("metrics", PluginKind::MetricsSink, "jsonl"),
     ("metrics", PluginKind::MetricsSink, "tensorboard"),
     ("example-mlp-lm", PluginKind::Model, "swiglu-mlp-lm"),
+    ("bert", PluginKind::Model, "bert"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
@@ -45,6 +46,7 @@ pub fn feature_enabled(feature: &str) -> bool {
         "metrics" => cfg!(feature = "metrics"),
         "checkpoint" => cfg!(feature = "checkpoint"),
         "example-mlp-lm" => cfg!(feature = "example-mlp-lm"),
+        "bert" => cfg!(feature = "bert"),
         _ => false,
     }
 }

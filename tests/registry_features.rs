@@ -58,6 +58,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
         &[("metrics", "jsonl", "megatron-metrics"), ("metrics", "tensorboard", "megatron-metrics")],
     );
     add(cfg!(feature = "example-mlp-lm"), &[("model", "swiglu-mlp-lm", "megatron-example-mlp-lm")]);
+    add(cfg!(feature = "bert"), &[("model", "bert", "megatron-bert")]);
     want.sort();
     want
 }
