@@ -26,7 +26,8 @@ fn main() -> Result<()> {
         args.get(i).map(|s| s.parse().with_context(|| format!("argument {}: {s:?}", i + 1))).unwrap_or(Ok(d))
     };
     let (prefix, vocab_path) = (args.first().context("PREFIX")?, args.get(1).context("VOCAB")?);
-    let (iters, seq, gbs, hidden, layers, log) = (arg(2, 300)?, arg(3, 64)?, arg(4, 16)?, arg(5, 128)?, arg(6, 2)?, arg(7, 10)?);
+    let (iters, seq, gbs, hidden, layers, log) =
+        (arg(2, 300)?, arg(3, 64)?, arg(4, 16)?, arg(5, 128)?, arg(6, 2)?, arg(7, 10)?);
     let mbs = 8.min(gbs);
     let vocab = masking_vocab_from_file(Path::new(vocab_path))?;
     let vocab_size = vocab.is_subword.len();
@@ -61,7 +62,11 @@ fn main() -> Result<()> {
     let (lr_max, lr_min, warmup) = (1e-3f32, 1e-4f32, iters / 10);
     let t0 = std::time::Instant::now();
     let (mut lm_acc, mut sop_acc) = (0.0f64, 0.0f64);
-    println!("{} samples in the index; {} parameters", ds.len(), model.params().iter().map(|p| p.value.numel()).sum::<usize>());
+    println!(
+        "{} samples in the index; {} parameters",
+        ds.len(),
+        model.params().iter().map(|p| p.value.numel()).sum::<usize>()
+    );
     for it in 0..iters {
         model.zero_grads()?;
         let micro = gbs / mbs;

@@ -35,6 +35,8 @@ pub struct BertConfig {
     /// The sentence-order head (`--bert-no-binary-head` turns it off).
     pub bert_binary_head: bool,
     pub layernorm: LayerNormPlacement,
+    /// The exact erf GeLU (Hugging Face `hidden_act = "gelu"`) instead of Megatron's tanh form.
+    pub gelu_erf: bool,
     pub layernorm_epsilon: f32,
     pub hidden_dropout: f32,
     pub attention_dropout: f32,
@@ -56,6 +58,7 @@ impl Default for BertConfig {
             num_tokentypes: 2,
             bert_binary_head: true,
             layernorm: LayerNormPlacement::Pre,
+            gelu_erf: false,
             layernorm_epsilon: 1e-5,
             hidden_dropout: 0.1,
             attention_dropout: 0.1,

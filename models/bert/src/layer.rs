@@ -8,13 +8,13 @@
 
 use crate::attention::EncoderAttention;
 use crate::config::LayerNormPlacement;
+use crate::mlp::BertMlp;
 use anyhow::{Context, Result};
 use megatron_core::{Backend, DeviceTensor, Param};
 use megatron_transformer::layer::hidden_dropout;
 use megatron_transformer::step::{empty, ensure_shape};
 use megatron_transformer::{
-    Activation, BackwardScratch, DropoutSite, Mlp, MlpSpec, ModuleBuilder, NormKind, NormLayer, SpecProvider, StepInfo,
-    TransformerConfig,
+    BackwardScratch, DropoutSite, ModuleBuilder, NormKind, NormLayer, SpecProvider, StepInfo, TransformerConfig,
 };
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ pub struct BertLayer {
     /// Pre-LN: before the MLP (`pre_mlp_layernorm`); post-LN: after the MLP residual
     /// (`post_mlp_layernorm`).
     pub norm2: Box<dyn NormLayer>,
-    pub mlp: Mlp,
+    pub mlp: BertMlp,
     hidden_dropout: f32,
     a: DeviceTensor,  // (B, T, C)
     h1: DeviceTensor, // (B, T, C)
@@ -43,6 +43,7 @@ impl BertLayer {
         prefix: &str,
         cfg: &TransformerConfig,
         placement: LayerNormPlacement,
+        gelu_erf: bool,
         layer_number: usize,
     ) -> Result<BertLayer> {
         let (h, eps) = (cfg.hidden_size, cfg.layernorm_epsilon);
@@ -52,12 +53,11 @@ impl BertLayer {
         };
         let backend = b.backend.clone();
         let bk = backend.as_ref();
-        let mlp = MlpSpec { activation: Activation::GeluTanh, bias: true };
         Ok(BertLayer {
             norm1: provider.norm(b, &format!("{prefix}.{n1}"), NormKind::LayerNorm, h, eps)?,
             self_attention: EncoderAttention::new(b, provider, &format!("{prefix}.self_attention"), cfg, layer_number)?,
             norm2: provider.norm(b, &format!("{prefix}.{n2}"), NormKind::LayerNorm, h, eps)?,
-            mlp: Mlp::new(b, provider, &format!("{prefix}.mlp"), cfg, mlp)?,
+            mlp: BertMlp::new(b, provider, &format!("{prefix}.mlp"), cfg, gelu_erf)?,
             hidden_dropout: cfg.hidden_dropout,
             layer_number,
             placement,

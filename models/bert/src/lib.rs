@@ -12,7 +12,9 @@
 pub mod attention;
 pub mod config;
 pub mod heads;
+pub mod hf;
 pub mod layer;
+pub mod mlp;
 pub mod model;
 
 pub use config::{BertConfig, LayerNormPlacement};

@@ -130,7 +130,17 @@ impl BertModel {
         let post = config.layernorm == LayerNormPlacement::Post;
         let embedding_layernorm = if post { Some(LayerNorm::new(&b, "embedding.layernorm", h, eps)?) } else { None };
         let layers = (0..config.num_layers)
-            .map(|i| BertLayer::new(&b, provider, &format!("encoder.layers.{i}"), &tcfg, config.layernorm, i))
+            .map(|i| {
+                BertLayer::new(
+                    &b,
+                    provider,
+                    &format!("encoder.layers.{i}"),
+                    &tcfg,
+                    config.layernorm,
+                    config.gelu_erf,
+                    i,
+                )
+            })
             .collect::<Result<Vec<_>>>()
             .context("building the bert encoder")?;
         let final_layernorm = if post { None } else { Some(LayerNorm::new(&b, "encoder.final_layernorm", h, eps)?) };
@@ -289,7 +299,7 @@ impl BertModel {
             Some(&self.lm_dense_bias.value),
             &mut self.lm_dense,
         )?;
-        bk.gelu_forward(&self.lm_dense, &mut self.lm_act)?;
+        crate::mlp::gelu_forward(bk, self.config.gelu_erf, &self.lm_dense, &mut self.lm_act)?;
         self.lm_layernorm.forward(&self.lm_act, &mut self.lm_norm)?;
         let local = self.vocab_padded / self.ctx.tp_size();
         ensure_shape(bk, &mut self.logits, &[x.batch, x.seq, local])?;
@@ -365,7 +375,7 @@ impl BertModel {
         copy_to_tp_region_backward(&self.ctx, &mut self.d_a)?;
         // LayerNorm → GeLU → dense.
         self.lm_layernorm.backward(&self.d_a, &self.lm_act, &mut self.d_b)?;
-        bk.gelu_backward(&self.lm_dense, &self.d_b, &mut self.d_a)?;
+        crate::mlp::gelu_backward(bk, self.config.gelu_erf, &self.lm_dense, &self.d_b, &mut self.d_a)?;
         let (w, g, bg) = (&self.lm_dense_weight.value, &mut self.lm_dense_weight.grad, &mut self.lm_dense_bias.grad);
         linear_backward(bk, &self.hidden, w, &self.d_a, Some(&mut self.d_b), g, Some(bg))?;
         // Binary head: its gradient enters at the first token of every row.
