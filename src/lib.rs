@@ -26,6 +26,8 @@ pub mod tools;
 pub mod train;
 
 // Without a reference the linker drops a plugin crate and the registry is silently empty.
+#[cfg(feature = "bert")]
+use megatron_bert as _;
 #[cfg(feature = "checkpoint")]
 use megatron_checkpoint as _;
 #[cfg(feature = "comm-local")]

@@ -32,6 +32,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("t5", PluginKind::Model, "t5"),
     ("datasets", PluginKind::Dataset, "t5"),
     ("moe", PluginKind::Mlp, "moe"),
+    ("bert", PluginKind::Model, "bert"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
@@ -50,6 +51,7 @@ pub fn feature_enabled(feature: &str) -> bool {
         "example-mlp-lm" => cfg!(feature = "example-mlp-lm"),
         "t5" => cfg!(feature = "t5"),
         "moe" => cfg!(feature = "moe"),
+        "bert" => cfg!(feature = "bert"),
         _ => false,
     }
 }

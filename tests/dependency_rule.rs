@@ -32,6 +32,7 @@ fn workspace_crates_follow_the_dependency_rule() {
             "megatron" => continue,
             "megatron-core" => &[],
             "megatron-gpt" => &["megatron-core", "megatron-transformer"],
+            "megatron-bert" => &["megatron-core", "megatron-transformer"],
             // Reason written in its Cargo.toml: it reduces with the `local` communicator's
             // arithmetic so MPI runs are bit-identical to --nproc runs.
             "megatron-comm-mpi" => &["megatron-core", "megatron-comm-local"],

@@ -64,6 +64,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
     add(cfg!(feature = "example-mlp-lm"), &[("model", "swiglu-mlp-lm", "megatron-example-mlp-lm")]);
     add(cfg!(feature = "t5"), &[("model", "t5", "megatron-t5")]);
     add(cfg!(feature = "moe"), &[("mlp", "moe", "megatron-moe")]);
+    add(cfg!(feature = "bert"), &[("model", "bert", "megatron-bert")]);
     want.sort();
     want
 }

@@ -453,4 +453,41 @@ pub trait Backend: Send + Sync {
     ) -> Result<()> {
         crate::grouped_gemm::grouped_gemm_by_loop(self, a, b, c, groups, spec)
     }
+
+    // ---- padded (key-padding-mask) attention, BERT/T5 encoders ------------------------------
+    /// Bidirectional attention of row `b`'s first `lengths[b]` tokens among themselves; padded
+    /// positions get zero outputs (see [`crate::padded_attention`]). `lengths` is int32 `(B)`.
+    /// Backends without it keep this default, an error naming the backend.
+    fn attention_padded_forward(
+        &self,
+        qkv: &DeviceTensor,
+        lengths: &DeviceTensor,
+        out: &mut DeviceTensor,
+        lse: &mut DeviceTensor,
+        spec: crate::PaddedAttentionSpec,
+    ) -> Result<()> {
+        let _ = (qkv, lengths, out, lse, spec);
+        anyhow::bail!(
+            "op `attention_padded_forward` is not supported by backend `{}`; use the cpu backend",
+            self.name()
+        )
+    }
+    /// Writes the whole `d_qkv` (zero at padded positions).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_padded_backward(
+        &self,
+        d_out: &DeviceTensor,
+        qkv: &DeviceTensor,
+        lengths: &DeviceTensor,
+        out: &DeviceTensor,
+        lse: &DeviceTensor,
+        d_qkv: &mut DeviceTensor,
+        spec: crate::PaddedAttentionSpec,
+    ) -> Result<()> {
+        let _ = (d_out, qkv, lengths, out, lse, d_qkv, spec);
+        anyhow::bail!(
+            "op `attention_padded_backward` is not supported by backend `{}`; use the cpu backend",
+            self.name()
+        )
+    }
 }

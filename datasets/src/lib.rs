@@ -4,6 +4,7 @@
 //! plugin ([`gpt`], Megatron's `GPTDataset`) and the `mock` dataset plugin of random tokens
 //! ([`mock`]). Registered through this crate's single `inventory` record.
 
+pub mod bert;
 pub mod blend;
 pub mod blended;
 pub mod cache;

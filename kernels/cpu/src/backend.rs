@@ -433,4 +433,36 @@ impl Backend for CpuBackend {
             db.map_or(Ok(()), Out::finish)
         })
     }
+    fn attention_padded_forward(
+        &self,
+        qkv: &DeviceTensor,
+        lengths: &DeviceTensor,
+        out: &mut DeviceTensor,
+        lse: &mut DeviceTensor,
+        spec: megatron_core::PaddedAttentionSpec,
+    ) -> Result<()> {
+        self.run(|| {
+            let qkv = input(qkv)?;
+            let mut o = Out::new(out, false)?;
+            crate::padded_attention::attention_padded_forward(&qkv, lengths, o.t(), lse, spec)?;
+            o.finish()
+        })
+    }
+    fn attention_padded_backward(
+        &self,
+        d_out: &DeviceTensor,
+        qkv: &DeviceTensor,
+        lengths: &DeviceTensor,
+        out: &DeviceTensor,
+        lse: &DeviceTensor,
+        d_qkv: &mut DeviceTensor,
+        spec: megatron_core::PaddedAttentionSpec,
+    ) -> Result<()> {
+        self.run(|| {
+            let (d_out, qkv, out) = (input(d_out)?, input(qkv)?, input(out)?);
+            let mut o = Out::new(d_qkv, false)?;
+            crate::padded_attention::attention_padded_backward(&d_out, &qkv, lengths, &out, lse, o.t(), spec)?;
+            o.finish()
+        })
+    }
 }

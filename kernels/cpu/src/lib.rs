@@ -30,6 +30,7 @@ mod loss;
 mod memory;
 mod norm;
 mod optim;
+mod padded_attention;
 pub mod reference;
 pub mod rng;
 mod rotary;

@@ -13,6 +13,7 @@ mod kv_cache;
 mod loss;
 mod norm;
 mod optim;
+mod padded_attention;
 
 pub use activation::*;
 pub use attention::*;
@@ -21,6 +22,7 @@ pub use kv_cache::*;
 pub use loss::*;
 pub use norm::*;
 pub use optim::*;
+pub use padded_attention::*;
 
 use crate::rng::DropoutMask;
 

@@ -1,0 +1,107 @@
+//! BERT's heads (SPEC §4.8): the LM head (`lm_head.dense` → GeLU → `lm_head.layer_norm` → the
+//! output projection tied to the word embedding plus `output_layer.bias`, vocab-parallel) and
+//! the binary (sentence-order) head on the pooled first token (`pooler.dense` → tanh →
+//! `binary_head`). The dense/norm/pooler/binary parameters are replicated over TP (plain
+//! `nn.Linear`s in Megatron); only the logits and `output_layer.bias` are vocab-split.
+//!
+//! The pooler and binary head act on `B` rows only, so their tanh and 2-way softmax run on the
+//! host; their matmuls go through the backend.
+
+use anyhow::Result;
+use megatron_core::{Backend, DeviceTensor, HostBuffer, Param};
+use megatron_transformer::linear::{linear_backward, linear_forward};
+use megatron_transformer::{Init, ModuleBuilder, Split};
+
+/// `pooler.dense` and `binary_head`: `logits (B, 2) = W_b tanh(W_p h_cls + b_p) + b_b`.
+pub struct BinaryHead {
+    pub pooler_weight: Param, // (C, C)
+    pub pooler_bias: Param,   // (C)
+    pub weight: Param,        // (2, C)
+    pub bias: Param,          // (2)
+    cls: DeviceTensor,        // (B, C): the first token's hidden state of every row
+    pooled: DeviceTensor,     // (B, C): tanh output
+}
+
+impl BinaryHead {
+    pub fn new(b: &ModuleBuilder, hidden: usize, std: f32) -> Result<BinaryHead> {
+        let bk = b.backend.as_ref();
+        Ok(BinaryHead {
+            pooler_weight: b.param("pooler.dense.weight", &[hidden, hidden], Split::Replicated, Init::Normal(std))?,
+            pooler_bias: b.param("pooler.dense.bias", &[hidden], Split::Replicated, Init::Zeros)?,
+            weight: b.param("binary_head.weight", &[2, hidden], Split::Replicated, Init::Normal(std))?,
+            bias: b.param("binary_head.bias", &[2], Split::Replicated, Init::Zeros)?,
+            cls: bk.zeros(&[0], megatron_core::DType::F32)?,
+            pooled: bk.zeros(&[0], megatron_core::DType::F32)?,
+        })
+    }
+
+    /// The `(B, 2)` logits from `hidden (B, T, C)` (host values), keeping what backward needs.
+    pub fn forward(&mut self, bk: &dyn Backend, hidden: &[f32], batch: usize, seq: usize) -> Result<Vec<f32>> {
+        let c = hidden.len() / (batch * seq).max(1);
+        let cls: Vec<f32> = (0..batch).flat_map(|r| hidden[r * seq * c..r * seq * c + c].iter().copied()).collect();
+        self.cls = bk.from_host(HostBuffer::F32(cls), &[batch, c])?;
+        let mut pre = bk.zeros(&[batch, c], megatron_core::DType::F32)?;
+        linear_forward(bk, &self.cls, &self.pooler_weight.value, Some(&self.pooler_bias.value), &mut pre)?;
+        let pooled: Vec<f32> = bk.to_host(&pre)?.to_f32_vec().iter().map(|v| v.tanh()).collect();
+        self.pooled = bk.from_host(HostBuffer::F32(pooled), &[batch, c])?;
+        let mut logits = bk.zeros(&[batch, 2], megatron_core::DType::F32)?;
+        linear_forward(bk, &self.pooled, &self.weight.value, Some(&self.bias.value), &mut logits)?;
+        Ok(bk.to_host(&logits)?.to_f32_vec())
+    }
+
+    /// From `d_logits (B, 2)`: accumulates the head's gradients and returns `dL/dh_cls (B, C)`.
+    pub fn backward(&mut self, bk: &dyn Backend, d_logits: Vec<f32>) -> Result<Vec<f32>> {
+        let shape = self.pooled.shape().to_vec();
+        let d_logits = bk.from_host(HostBuffer::F32(d_logits), &[shape[0], 2])?;
+        let mut d_pooled = bk.zeros(&shape, megatron_core::DType::F32)?;
+        linear_backward(
+            bk,
+            &self.pooled,
+            &self.weight.value,
+            &d_logits,
+            Some(&mut d_pooled),
+            &mut self.weight.grad,
+            Some(&mut self.bias.grad),
+        )?;
+        // tanh' = 1 - tanh².
+        let pooled = bk.to_host(&self.pooled)?.to_f32_vec();
+        let d_pre: Vec<f32> =
+            bk.to_host(&d_pooled)?.to_f32_vec().iter().zip(&pooled).map(|(g, y)| g * (1.0 - y * y)).collect();
+        let d_pre = bk.from_host(HostBuffer::F32(d_pre), &shape)?;
+        let mut d_cls = bk.zeros(&shape, megatron_core::DType::F32)?;
+        let (w, g, bg) = (&self.pooler_weight.value, &mut self.pooler_weight.grad, &mut self.pooler_bias.grad);
+        linear_backward(bk, &self.cls, w, &d_pre, Some(&mut d_cls), g, Some(bg))?;
+        Ok(bk.to_host(&d_cls)?.to_f32_vec())
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        vec![&self.pooler_weight, &self.pooler_bias, &self.weight, &self.bias]
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![&mut self.pooler_weight, &mut self.pooler_bias, &mut self.weight, &mut self.bias]
+    }
+}
+
+/// Per-row cross entropy of `(B, 2)` logits against `is_random` (−1 = ignored, Megatron's
+/// `ignore_index=-1`): `(Σ loss, count, d Σloss / d logits)`.
+pub fn sop_cross_entropy(logits: &[f32], targets: &[i32]) -> (f64, f64, Vec<f32>) {
+    let (mut sum, mut count) = (0.0f64, 0.0f64);
+    let mut d = vec![0.0f32; logits.len()];
+    for (r, &t) in targets.iter().enumerate() {
+        if t < 0 {
+            continue;
+        }
+        let (a, b) = (logits[2 * r] as f64, logits[2 * r + 1] as f64);
+        let m = a.max(b);
+        let lse = m + ((a - m).exp() + (b - m).exp()).ln();
+        let z = if t == 0 { a } else { b };
+        sum += lse - z;
+        count += 1.0;
+        for k in 0..2 {
+            let p = ((if k == 0 { a } else { b }) - lse).exp();
+            d[2 * r + k] = (p - if k as i32 == t { 1.0 } else { 0.0 }) as f32;
+        }
+    }
+    (sum, count, d)
+}
