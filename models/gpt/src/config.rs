@@ -108,6 +108,10 @@ pub struct GptConfig {
     /// Decoder layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// `--sequence-parallel` (SPEC §5.3): norms, dropouts and residuals on token shards of the
+    /// TP group. Ignored at tp = 1 (a tp = 1 run or a resharded checkpoint just runs without it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sequence_parallel: bool,
 }
 
 impl GptConfig {
@@ -147,6 +151,7 @@ impl GptConfig {
             add_bias_linear: true,
             decoder_first_pipeline_num_layers: None,
             decoder_last_pipeline_num_layers: None,
+            sequence_parallel: false,
         }
     }
 

@@ -16,6 +16,8 @@ use std::sync::Arc;
 pub struct TransformerBlock {
     backend: Arc<dyn Backend>,
     hidden: usize,
+    /// The TP size when the residual stream is sequence-parallel (`(N/tp, C)` token shards).
+    sequence_parallel: Option<usize>,
     pub layers: Vec<TransformerLayer>,
     pub final_layernorm: Option<Box<dyn NormLayer>>,
     /// `residuals[0]` is the block input, `residuals[l + 1]` the output of layer `l`.
@@ -75,6 +77,7 @@ impl TransformerBlock {
         let bk = backend.as_ref();
         Ok(TransformerBlock {
             hidden: cfg.hidden_size,
+            sequence_parallel: b.sequence_parallel.then_some(b.tp_size()),
             residuals: (0..=layers.len()).map(|_| empty(bk)).collect::<Result<_>>()?,
             output: empty(bk)?,
             d_residual: empty(bk)?,
@@ -85,9 +88,29 @@ impl TransformerBlock {
         })
     }
 
-    /// The `(B, T, C)` input buffer, sized for `step`: the embedding writes into it.
+    /// Shape of the residual stream (block input and output, pipeline p2p tensors) for
+    /// `step`: `(B, T, C)`, or this rank's `(B·T/tp, C)` token shard with sequence parallelism
+    /// (see [`crate::sequence_parallel`]).
+    pub fn hidden_shape(&self, step: &StepInfo) -> Result<Vec<usize>> {
+        match self.sequence_parallel {
+            None => Ok(vec![step.batch, step.seq, self.hidden]),
+            Some(tp) => {
+                if !step.seq.is_multiple_of(tp) {
+                    bail!(
+                        "--sequence-parallel needs the sequence length {} to be divisible by \
+                         --tensor-model-parallel-size {tp}",
+                        step.seq
+                    );
+                }
+                Ok(vec![step.tokens() / tp, self.hidden])
+            }
+        }
+    }
+
+    /// The residual stream input buffer ([`Self::hidden_shape`]), sized for `step`: the
+    /// embedding writes into it.
     pub fn input_mut(&mut self, step: &StepInfo) -> Result<&mut DeviceTensor> {
-        let shape = [step.batch, step.seq, self.hidden];
+        let shape = self.hidden_shape(step)?;
         for t in self.residuals.iter_mut().chain([&mut self.output, &mut self.d_residual]) {
             ensure_shape(self.backend.as_ref(), t, &shape)?;
         }
@@ -121,6 +144,9 @@ impl TransformerBlock {
         offset: usize,
         key_start: Option<&DeviceTensor>,
     ) -> Result<()> {
+        if self.sequence_parallel.is_some() {
+            bail!("incremental decoding does not run with --sequence-parallel; load the model at tp = 1");
+        }
         if caches.len() != self.layers.len() {
             bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
         }

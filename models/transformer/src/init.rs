@@ -129,11 +129,22 @@ pub struct ModuleBuilder {
     pub backend: Arc<dyn Backend>,
     pub ctx: ParallelContext,
     pub seed: u64,
+    /// `--sequence-parallel` (SPEC §5.3) in effect: the providers build the sequence-parallel
+    /// linears and the modules keep the residual stream as this rank's token shard. Only ever
+    /// true at tp > 1 (see [`ModuleBuilder::with_sequence_parallel`]).
+    pub sequence_parallel: bool,
 }
 
 impl ModuleBuilder {
     pub fn new(backend: Arc<dyn Backend>, ctx: ParallelContext, seed: u64) -> ModuleBuilder {
-        ModuleBuilder { backend, ctx, seed }
+        ModuleBuilder { backend, ctx, seed, sequence_parallel: false }
+    }
+
+    /// Turns sequence parallelism on when `on` and tp > 1 (at tp = 1 there is nothing to shard,
+    /// Megatron switches it off there too).
+    pub fn with_sequence_parallel(mut self, on: bool) -> ModuleBuilder {
+        self.sequence_parallel = on && self.ctx.tp_size() > 1;
+        self
     }
 
     pub fn tp_size(&self) -> usize {

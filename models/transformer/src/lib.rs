@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod context_parallel;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod grad_check;
@@ -19,6 +20,7 @@ pub mod layer;
 pub mod linear;
 pub mod mlp;
 pub mod norm;
+pub mod sequence_parallel;
 pub mod spec;
 pub mod step;
 pub mod tp_mappings;
@@ -32,6 +34,7 @@ pub use layer::TransformerLayer;
 pub use linear::{linear_backward, linear_forward, ColumnParallelLinear, LinearConfig, LinearLayer, RowParallelLinear};
 pub use mlp::Mlp;
 pub use norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
+pub use sequence_parallel::{SequenceParallelColumnLinear, SequenceParallelRowLinear};
 pub use spec::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, RotaryConfig,
     SelfAttentionSpec, SpecProvider, TransformerBlockSpec, TransformerConfig, TransformerLayerSpec,
