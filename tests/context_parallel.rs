@@ -6,11 +6,11 @@
 mod common;
 use common::*;
 
-/// Tiny GPT at seq 256, 20 iterations, global batch 4 (vocab 128 stays unpadded up to tp 2).
+/// Tiny GPT at seq 256, 20 iterations, global batch 2 (vocab 128 stays unpadded up to tp 2).
 fn cp_flags(extra: &str) -> Vec<String> {
     tiny_with(&format!(
         "--seq-length 256 --max-position-embeddings 256 --micro-batch-size 1 --vocab-size 128 \
-         --make-vocab-size-divisible-by 64 --hidden-dropout 0 --attention-dropout 0 --global-batch-size 4 \
+         --make-vocab-size-divisible-by 64 --hidden-dropout 0 --attention-dropout 0 --global-batch-size 2 \
          --train-iters 20 --eval-interval 20 --eval-iters 1 --log-interval 10 {extra}"
     ))
 }

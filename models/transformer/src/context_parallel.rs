@@ -184,8 +184,9 @@ pub fn ring_attention_forward(
                         }
                         let p = (s_row[j] - mx).exp();
                         sum += p;
-                        for (e, x) in block_o.iter_mut().enumerate() {
-                            *x += p * kv[n + dm.row(b, j, h, e)];
+                        let v0 = n + dm.row(b, j, h, 0);
+                        for (x, v) in block_o.iter_mut().zip(&kv[v0..v0 + dm.d]) {
+                            *x += p * v;
                         }
                     }
                     let block_lse = mx + sum.ln();
@@ -267,16 +268,19 @@ pub fn ring_attention_backward(
                         }
                         let s = score(&dm, &qkv_h, kv, (b, h), i, j);
                         let p = (s - m_lse[li]).exp();
-                        let mut dp = 0.0f32;
-                        for e in 0..dm.d {
-                            let g = d_o[dm.row(b, i, h, e)];
-                            dkv[n + dm.row(b, j, h, e)] += p * g; // dV_j += p dO_i
-                            dp += g * kv[n + dm.row(b, j, h, e)];
+                        let (r_i, r_j, q0, d) = (dm.row(b, i, h, 0), dm.row(b, j, h, 0), dm.qkv(b, i, h, 0, 0), dm.d);
+                        let g = &d_o[r_i..r_i + d];
+                        // dV_j += p dO_i; dp = dO_i · v_j.
+                        let dp: f32 = g.iter().zip(&kv[n + r_j..n + r_j + d]).map(|(g, v)| g * v).sum();
+                        for (dv, g) in dkv[n + r_j..n + r_j + d].iter_mut().zip(g) {
+                            *dv += p * g;
                         }
                         let ds = p * (dp - big_d[li]) * dm.scale;
-                        for e in 0..dm.d {
-                            dq[dm.row(b, i, h, e)] += ds * kv[dm.row(b, j, h, e)];
-                            dkv[dm.row(b, j, h, e)] += ds * qkv_h[dm.qkv(b, i, h, 0, e)];
+                        for (x, k) in dq[r_i..r_i + d].iter_mut().zip(&kv[r_j..r_j + d]) {
+                            *x += ds * k;
+                        }
+                        for (dk, q) in dkv[r_j..r_j + d].iter_mut().zip(&qkv_h[q0..q0 + d]) {
+                            *dk += ds * q;
                         }
                     }
                 }
