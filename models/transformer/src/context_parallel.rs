@@ -178,11 +178,11 @@ pub fn ring_attention_forward(
                     }
                     let mut sum = 0.0f32;
                     block_o.iter_mut().for_each(|x| *x = 0.0);
-                    for j in 0..dm.tl {
-                        if s_row[j] == f32::NEG_INFINITY {
+                    for (j, &s) in s_row.iter().enumerate() {
+                        if s == f32::NEG_INFINITY {
                             continue;
                         }
-                        let p = (s_row[j] - mx).exp();
+                        let p = (s - mx).exp();
                         sum += p;
                         let v0 = n + dm.row(b, j, h, 0);
                         for (x, v) in block_o.iter_mut().zip(&kv[v0..v0 + dm.d]) {
