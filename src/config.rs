@@ -92,10 +92,6 @@ impl TrainConfig {
                 .into(),
         );
         need(
-            cp == 1 || a.position_embedding_type != "rope",
-            "--context-parallel-size > 1 does not support rotary embeddings yet; use learned_absolute positions".into(),
-        );
-        need(
             !a.sequence_parallel || (a.seq_length / cp).is_multiple_of(tp),
             format!(
                 "--sequence-parallel with --context-parallel-size {cp}: the {} local tokens per sequence must be \

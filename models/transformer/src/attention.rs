@@ -12,7 +12,7 @@
 //! in place after the relayout; the backward applies the inverse rotation (the transpose) to
 //! the q/k gradients before the relayout's backward.
 
-use crate::context_parallel::{ring_attention_backward, ring_attention_forward};
+use crate::context_parallel::{ring_attention_backward, ring_attention_forward, rotary_context_parallel};
 use crate::init::ModuleBuilder;
 use crate::linear::{LinearConfig, LinearLayer};
 use crate::spec::{RotaryConfig, SelfAttentionSpec, SpecProvider, TransformerConfig};
@@ -71,12 +71,6 @@ impl SelfAttention {
         let backend = b.backend.clone();
         let bk = backend.as_ref();
         let context_parallel = (b.ctx.grid.cp > 1).then(|| b.ctx.clone());
-        if context_parallel.is_some() && cfg.rotary.is_some() {
-            anyhow::bail!(
-                "--context-parallel-size > 1 with rotary embeddings is not supported yet (the local tokens hold two \
-                 position ranges); use --position-embedding-type learned_absolute or drop context parallelism"
-            );
-        }
         Ok(SelfAttention {
             context_parallel,
             linear_qkv: provider.column_parallel_linear(b, &format!("{prefix}.linear_qkv"), qkv_cfg)?,
@@ -152,7 +146,10 @@ impl SelfAttention {
             self.linear_qkv.forward(x, &mut self.qkv)?;
         }
         if let Some(spec) = self.rotary_spec(b, t, offset) {
-            bk.rotary(&mut self.qkv, spec, false)?;
+            match &self.context_parallel {
+                Some(ctx) => rotary_context_parallel(bk, ctx, &mut self.qkv, spec, false)?,
+                None => bk.rotary(&mut self.qkv, spec, false)?,
+            }
         }
         Ok(())
     }
@@ -206,7 +203,10 @@ impl SelfAttention {
         }
         if let Some(rs) = self.rotary_spec(step.batch, step.seq, 0) {
             // The rotation is orthogonal: its backward is the inverse rotation.
-            backend.rotary(d_heads, rs, true)?;
+            match &self.context_parallel {
+                Some(ctx) => rotary_context_parallel(backend, ctx, d_heads, rs, true)?,
+                None => backend.rotary(d_heads, rs, true)?,
+            }
         }
         if gqa {
             let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);

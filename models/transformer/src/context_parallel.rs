@@ -18,7 +18,7 @@
 //! `2cp−1−r`).
 
 use anyhow::{bail, Context, Result};
-use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, HostBuffer, ParallelContext};
+use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, HostBuffer, ParallelContext, RotarySpec};
 
 /// Global position of local token `t` of CP rank `rank` (`local_seq = T/cp` tokens per row).
 pub fn global_position(t: usize, local_seq: usize, cp: usize, rank: usize) -> usize {
@@ -306,5 +306,34 @@ pub fn ring_attention_backward(
         }
     }
     *d_qkv = bk.from_host(HostBuffer::F32(d), d_qkv.shape())?;
+    Ok(())
+}
+
+/// Rotary embedding of this CP rank's `qkv (B, Tl, heads, 3, hd)` at the global positions of
+/// its two chunks: each `(row, chunk)` block is contiguous and rotated by the backend op at its
+/// own position offset (RoPE is per token, so this equals rotating the whole sequence and
+/// keeping the rank's tokens). `inverse` is the backward.
+pub fn rotary_context_parallel(
+    bk: &dyn Backend,
+    ctx: &ParallelContext,
+    qkv: &mut DeviceTensor,
+    spec: RotarySpec,
+    inverse: bool,
+) -> Result<()> {
+    let (cp, rank, tl) = (ctx.cp_group.size(), ctx.cp_rank, spec.seq);
+    let chunk = tl / 2;
+    let width = qkv.numel() / (spec.batch * tl).max(1);
+    let mut host = bk.to_host(qkv)?.to_f32_vec();
+    for b in 0..spec.batch {
+        for c in 0..2 {
+            let start = (b * tl + c * chunk) * width;
+            let block = &mut host[start..start + chunk * width];
+            let mut t = bk.from_host(HostBuffer::F32(block.to_vec()), &[1, chunk, width])?;
+            let offset = global_position(c * chunk, tl, cp, rank);
+            bk.rotary(&mut t, RotarySpec { batch: 1, seq: chunk, position_offset: offset, ..spec }, inverse)?;
+            block.copy_from_slice(&bk.to_host(&t)?.to_f32_vec());
+        }
+    }
+    *qkv = bk.from_host(HostBuffer::F32(host), qkv.shape())?;
     Ok(())
 }
