@@ -58,6 +58,22 @@ fn context_parallel_with_rotary_matches_the_single_rank_run() {
     assert!(loss < 1e-5 && norm < 1e-5, "[{case}] llama: loss {loss:.2e}, grad norm {norm:.2e}");
 }
 
+/// A checkpoint saved at cp2·tp2 resumes at cp1 on the uninterrupted trajectory.
+#[test]
+fn context_parallel_checkpoint_resumes_without_it() {
+    let straight = pretrain(&cp_flags("")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let ckpt = ckpt.to_str().unwrap();
+    let save = "--nproc 4 --context-parallel-size 2 --tensor-model-parallel-size 2";
+    pretrain(&cp_flags(&format!("{save} --exit-interval 10 --save {ckpt} --save-interval 10"))).unwrap();
+    let second = pretrain(&cp_flags(&format!("--load {ckpt}"))).unwrap();
+    assert_eq!(second.losses.first().map(|l| l.0), Some(11), "resume starts at iteration 11");
+    let diff = max_rel(&second.losses, &straight.losses[10..]);
+    println!("save [{save}] -> load [cp1]: max relative loss diff {diff:.2e}");
+    assert!(diff < 1e-5, "save [{save}] -> load [cp1]: {diff:.2e}");
+}
+
 #[test]
 fn context_parallel_refuses_what_it_cannot_run() {
     let err = |extra: &str| match pretrain(&cp_flags(extra)) {

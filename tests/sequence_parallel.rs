@@ -2,7 +2,8 @@
 //! (fp32, dropout off) at tp2 and tp2·pp2 with sequence parallelism matches the single-rank
 //! run (losses and grad norms within 1e-5 relative), also combined with data parallelism and
 //! the distributed optimizer at 8 ranks; with dropout on, a sequence-parallel run is
-//! bit-identical when repeated; the flag is refused at tp = 1.
+//! bit-identical when repeated; checkpoints move between SP and non-SP layouts; the flag is
+//! refused at tp = 1.
 
 mod common;
 use common::*;
@@ -73,4 +74,23 @@ fn sequence_parallel_needs_tensor_parallelism() {
     assert!(err.contains("--sequence-parallel") && err.contains("--tensor-model-parallel-size"), "{err}");
     let err = refused(&format!("{} --seq-length 15 --sequence-parallel", layout(2, 1, 1)));
     assert!(err.contains("divisible"), "{err}");
+}
+
+/// A checkpoint saved with sequence parallelism resumes without it (and the other way round)
+/// on the uninterrupted trajectory: SP changes no parameter or its layout.
+#[test]
+fn checkpoints_move_between_sequence_parallel_and_plain_layouts() {
+    let straight = pretrain(&sp_flags("")).unwrap();
+    let sp = format!("{} --sequence-parallel", layout(2, 2, 1));
+    for (save, load) in [(sp.clone(), layout(1, 1, 1)), (layout(1, 1, 1), sp.clone())] {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = dir.path().join("ckpt");
+        let ckpt = ckpt.to_str().unwrap();
+        pretrain(&sp_flags(&format!("{save} --exit-interval 10 --save {ckpt} --save-interval 10"))).unwrap();
+        let second = pretrain(&sp_flags(&format!("{load} --load {ckpt}"))).unwrap();
+        assert_eq!(second.losses.first().map(|l| l.0), Some(11), "resume starts at iteration 11");
+        let diff = max_rel(&second.losses, &straight.losses[10..]);
+        println!("save [{save}] -> load [{load}]: max relative loss diff {diff:.2e}");
+        assert!(diff < 1e-5, "save [{save}] -> load [{load}]: {diff:.2e}");
+    }
 }
