@@ -177,7 +177,7 @@ pub struct PretrainArgs {
     /// --attention-dropout 0. Example: `--nproc 2 --context-parallel-size 2 --attention-dropout 0`.
     #[arg(long, default_value_t = 1)]
     pub context_parallel_size: usize,
-    /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x pp).
+    /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x cp x pp).
     #[arg(long, visible_alias = "world-size", default_value_t = 1)]
     pub nproc: usize,
     /// Where the ranks come from: `local` (threads of this process, `--nproc`), `mpi` (one
