@@ -1,7 +1,7 @@
 //! `--sequence-parallel` (SPEC §5.3) through `megatron pretrain`: the tiny GPT for 20 steps
 //! (fp32, dropout off) at tp2 and tp2·pp2 with sequence parallelism matches the single-rank
-//! run (losses and grad norms within 1e-5 relative), also combined with data parallelism and
-//! the distributed optimizer at 8 ranks; with dropout on, a sequence-parallel run is
+//! run (losses and grad norms within 1e-5 relative), also with overlapped DDP at tp2·dp2 and
+//! combined with pipelining, data parallelism and the distributed optimizer at 8 ranks; with dropout on, a sequence-parallel run is
 //! bit-identical when repeated; checkpoints move between SP and non-SP layouts; the flag is
 //! refused at tp = 1.
 
@@ -38,6 +38,7 @@ fn sequence_parallel_matches_the_single_rank_run() {
     let cases = [
         layout(2, 1, 1),
         layout(2, 2, 1),
+        format!("{} --overlap-grad-reduce --ddp-bucket-size 1500", layout(2, 1, 2)),
         // Everything at once: 8 ranks, SP, DP with the distributed optimizer and overlapped
         // reduce-scatters in small buckets.
         format!("{} --use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size 1500", layout(2, 2, 2)),
