@@ -19,8 +19,8 @@ echo "== context parallelism"
 $EX "$CP_LAYERS" "$CP_SEQ" 1 1 1 0
 $EX "$CP_LAYERS" "$CP_SEQ" 1 1 2 0
 if [ -n "$RSS" ]; then
-  B=${MEGATRON:-target/release/megatron}
-  F="pretrain --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
+  B=${MEGATRON:-target/release/megatron}  # RSS_LAYERS: decoder layers (default 4)
+  F="pretrain --num-layers ${RSS_LAYERS:-4} --hidden-size 768 --num-attention-heads 12 --seq-length 1024
      --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 4 --train-iters 2 --lr 1e-4
      --mock-data --vocab-size 50257 --eval-iters 0 --eval-interval 1000 --log-interval 1
      --hidden-dropout 0 --attention-dropout 0 --nproc 2 --tensor-model-parallel-size 2"
