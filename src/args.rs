@@ -165,7 +165,19 @@ pub struct PretrainArgs {
     /// Decoder layers of the last pipeline stage (the LM head and loss live there too).
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<usize>,
-    /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x pp).
+    /// Sequence parallelism (SPEC §5.3, needs --tensor-model-parallel-size > 1): norms,
+    /// dropouts and residuals keep only this rank's 1/tp of the tokens; the TP all-reduces
+    /// become all-gather / reduce-scatter pairs. Same losses, less activation memory. Example:
+    /// `--nproc 2 --tensor-model-parallel-size 2 --sequence-parallel`.
+    #[arg(long)]
+    pub sequence_parallel: bool,
+    /// Context parallelism (SPEC §5.9): each sequence is cut into 2 x cp chunks, CP rank r keeps
+    /// chunks r and 2cp-1-r (causal load balance) and the attention runs as a ring exchanging
+    /// K/V blocks; dp = nproc / (tp x cp x pp). Needs --seq-length divisible by 2 x cp and
+    /// --attention-dropout 0. Example: `--nproc 2 --context-parallel-size 2 --attention-dropout 0`.
+    #[arg(long, default_value_t = 1)]
+    pub context_parallel_size: usize,
+    /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x cp x pp).
     #[arg(long, visible_alias = "world-size", default_value_t = 1)]
     pub nproc: usize,
     /// Where the ranks come from: `local` (threads of this process, `--nproc`), `mpi` (one

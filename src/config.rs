@@ -31,6 +31,7 @@ impl TrainConfig {
         };
         let tp = a.tensor_model_parallel_size.max(1);
         let pp = a.pipeline_model_parallel_size.max(1);
+        let cp = a.context_parallel_size.max(1);
         need(
             a.tensor_model_parallel_size > 0 && a.pipeline_model_parallel_size > 0 && world_size > 0,
             "--tensor-model-parallel-size, --pipeline-model-parallel-size and --nproc must be >= 1".into(),
@@ -48,10 +49,10 @@ impl TrainConfig {
             format!("--use-distributed-optimizer wraps Adam; --optimizer {} is not supported with it", a.optimizer),
         );
         need(
-            world_size.is_multiple_of(tp * pp),
+            world_size.is_multiple_of(tp * pp * cp),
             format!(
                 "--nproc {world_size} is not divisible by --tensor-model-parallel-size {tp} x \
-                 --pipeline-model-parallel-size {pp}"
+                 --pipeline-model-parallel-size {pp} x --context-parallel-size {cp}"
             ),
         );
         need(
@@ -60,7 +61,51 @@ impl TrainConfig {
              --pipeline-model-parallel-size >= 2; drop them"
                 .into(),
         );
-        let dp = (world_size / (tp * pp)).max(1);
+        need(
+            !a.sequence_parallel || tp > 1,
+            "--sequence-parallel shards the tensor-parallel group's activations; it needs \
+             --tensor-model-parallel-size >= 2 (drop the flag at tp = 1)"
+                .into(),
+        );
+        need(
+            !a.sequence_parallel || a.seq_length.is_multiple_of(tp),
+            format!(
+                "--sequence-parallel splits the sequence over the tensor-parallel ranks: --seq-length {} must \
+                 be divisible by --tensor-model-parallel-size {tp}",
+                a.seq_length
+            ),
+        );
+        need(a.context_parallel_size > 0, "--context-parallel-size must be >= 1".into());
+        need(
+            !((a.bf16 || a.fp16) && (a.sequence_parallel || cp > 1)),
+            "--sequence-parallel and --context-parallel-size > 1 run in fp32 only for now: drop --bf16/--fp16 \
+             or the sequence/context parallelism"
+                .into(),
+        );
+        need(
+            cp == 1 || a.seq_length.is_multiple_of(2 * cp),
+            format!(
+                "--context-parallel-size {cp} cuts each sequence into 2 x {cp} chunks: --seq-length {} must be \
+                 divisible by {}",
+                a.seq_length,
+                2 * cp
+            ),
+        );
+        need(
+            cp == 1 || a.attention_dropout == 0.0,
+            "--context-parallel-size > 1 runs the ring attention without attention dropout: pass \
+             --attention-dropout 0"
+                .into(),
+        );
+        need(
+            !a.sequence_parallel || (a.seq_length / cp).is_multiple_of(tp),
+            format!(
+                "--sequence-parallel with --context-parallel-size {cp}: the {} local tokens per sequence must be \
+                 divisible by --tensor-model-parallel-size {tp}",
+                a.seq_length / cp
+            ),
+        );
+        let dp = (world_size / (tp * pp * cp)).max(1);
         need(a.micro_batch_size > 0, "--micro-batch-size must be > 0".into());
         let gbs = a.global_batch_size.unwrap_or(a.micro_batch_size * dp);
         let per_step = a.micro_batch_size * dp;
@@ -264,6 +309,9 @@ impl TrainConfig {
                 if a.grad_reduce_in_bf16 {
                     m.insert("grad_reduce_in_bf16".into(), json!(true));
                 }
+            }
+            if a.sequence_parallel {
+                m.insert("sequence_parallel".into(), json!(true));
             }
         }
         // Only when given: models without pipeline stages reject fields they do not know.

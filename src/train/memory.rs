@@ -81,20 +81,24 @@ pub fn estimate(cfg: &TrainConfig, vocab_size: usize, padded: usize) -> Option<M
         a.pipeline_model_parallel_size.max(1) as u128,
         cfg.data_parallel_size.max(1) as u128,
     );
-    let world = tp * pp * dp;
-    // Every data-parallel replica holds the whole model, sharded over tp x pp ranks.
-    let replicas = params * dp;
+    // Context parallelism: cp more ranks, each a replica of its tp x pp shard on T/cp tokens.
+    let cp = a.context_parallel_size.max(1) as u128;
+    let world = tp * pp * dp * cp;
+    // Every data-parallel (and context-parallel) replica holds the whole model, sharded over tp x pp ranks.
+    let replicas = params * dp * cp;
     let optimizer_floats: u128 = if a.optimizer == "sgd" { 1 } else { 2 };
     // Per rank: activations of one microbatch through its layers, in f32 (src: the modules'
     // cached tensors; dropout masks are regenerated, attention never stores T x T scores).
-    let (b, t, c) = (a.micro_batch_size as u128, a.seq_length as u128, a.hidden_size as u128);
+    let (b, t, c) = (a.micro_batch_size as u128, a.seq_length as u128 / cp, a.hidden_size as u128);
     let f = a.ffn_hidden_size.map_or(4 * c, |f| f as u128);
     let gates: u128 = if a.swiglu { 2 } else { 1 };
     let heads = a.num_attention_heads as u128;
     let layers = (a.num_layers as u128).div_ceil(pp);
     // residual, ln1_out, h1, ln2_out (C each); qkv 3C/tp, context C/tp; fc1 gates*F/tp and
     // act F/tp; lse heads/tp; norm statistics 4.
-    let per_token_layer = 4 * c + 4 * c / tp + (gates + 1) * f / tp + heads / tp + 4;
+    // With --sequence-parallel the four C-wide tensors and the norm statistics are token shards.
+    let sp = if a.sequence_parallel { tp } else { 1 };
+    let per_token_layer = 4 * c / sp + 4 * c / tp + (gates + 1) * f / tp + heads / tp + 4 / sp;
     // Logits (B, T, V/tp) and the backward scratch: a few (B, T, C) and (B, T, F/tp).
     let per_token_fixed = padded as u128 / tp + 6 * c + 2 * gates * f / tp;
     // 1F1B keeps up to pp microbatches in flight on the first stage.

@@ -36,6 +36,7 @@ pub fn build_trainer_with_comm(
         json!({
             "tensor_model_parallel_size": a.tensor_model_parallel_size,
             "pipeline_model_parallel_size": a.pipeline_model_parallel_size,
+            "context_parallel_size": a.context_parallel_size,
             "ddp_bucket_size": a.ddp_bucket_size,
             "overlap_grad_reduce": a.overlap_grad_reduce,
         }),

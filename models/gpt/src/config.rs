@@ -125,6 +125,10 @@ pub struct GptConfig {
     /// `--grad-reduce-in-bf16`: bf16 gradient buffers instead of fp32 ones (bf16 models).
     #[serde(default, skip_serializing_if = "is_false")]
     pub grad_reduce_in_bf16: bool,
+    /// `--sequence-parallel` (SPEC §5.3): norms, dropouts and residuals on token shards of the
+    /// TP group. Ignored at tp = 1 (a tp = 1 run or a resharded checkpoint just runs without it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sequence_parallel: bool,
 }
 
 impl GptConfig {
@@ -167,6 +171,7 @@ impl GptConfig {
             params_dtype: DType::F32,
             fp32_residual_connection: false,
             grad_reduce_in_bf16: false,
+            sequence_parallel: false,
         }
     }
 

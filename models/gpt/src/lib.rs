@@ -9,6 +9,7 @@
 
 mod activation_stash;
 pub mod config;
+mod context_parallel;
 pub mod hf_gpt2;
 pub mod hf_llama;
 pub mod inference;

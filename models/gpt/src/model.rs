@@ -22,6 +22,7 @@ use megatron_core::{
     Backend, Batch, DType, DeviceTensor, GradsReadyHook, HostBuffer, LossReport, Mode, Model, ParallelContext, Param,
     StageOutput,
 };
+use megatron_transformer::sequence_parallel::all_reduce_sequence_parallel_grads;
 use megatron_transformer::step::empty;
 use megatron_transformer::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Init, LanguageModelEmbedding, LocalSpecProvider, ModuleBuilder,
@@ -88,7 +89,9 @@ impl GptModel {
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;
         let tcfg = config.transformer_config();
-        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed).with_precision(config.precision()?);
+        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed)
+            .with_precision(config.precision()?)
+            .with_sequence_parallel(config.sequence_parallel);
         let (h, std) = (config.hidden_size, config.init_method_std);
         let embedding = if first && config.uses_rope() {
             Some(LanguageModelEmbedding::without_positions(
@@ -162,6 +165,11 @@ impl GptModel {
     /// The backend the parameters live on.
     pub fn backend(&self) -> Arc<dyn Backend> {
         self.backend.clone()
+    }
+
+    /// Sequence parallelism in effect (asked for, and tp > 1).
+    pub fn sequence_parallel(&self) -> bool {
+        self.config.sequence_parallel && self.ctx.tp_size() > 1
     }
 
     pub fn padded_vocab_size(&self) -> usize {
@@ -244,6 +252,9 @@ impl Model for GptModel {
 
     fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
         self.require_whole_model("logits")?;
+        if self.ctx.grid.cp > 1 {
+            bail!("GptModel::logits runs one rank's whole sequence; build the model without context parallelism");
+        }
         if tokens.len() != micro_batch_size * seq_length {
             bail!("{} tokens given for a {micro_batch_size}x{seq_length} batch", tokens.len());
         }
@@ -295,8 +306,9 @@ impl Model for GptModel {
 
     fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
         // Stages exchange the residual stream (and its gradient) in its own dtype.
-        let dtype = self.decoder.residual_dtype();
-        self.backend.zeros(&[batch.micro_batch_size, batch.seq_length, self.config.hidden_size], dtype)
+        let seq = batch.seq_length / self.ctx.grid.cp; // this CP rank's tokens per row
+        let step = StepInfo { batch: batch.micro_batch_size, seq, train: false, seed: 0 };
+        self.backend.zeros(&self.decoder.hidden_shape(&step)?, self.decoder.residual_dtype())
     }
 
     fn forward_stage(
@@ -320,6 +332,11 @@ impl Model for GptModel {
     }
 
     fn finalize_grads(&mut self) -> Result<()> {
+        // SPEC §5.10: the TP sum of the sequence-parallel params' partial gradients (step 2),
+        // then the tied embedding (step 3), then the MLP plugins' own reductions.
+        if self.sequence_parallel() {
+            all_reduce_sequence_parallel_grads(&self.ctx, self.decoder.params_mut())?;
+        }
         self.all_reduce_shared_embedding_grad()?;
         self.decoder.layers.iter_mut().try_for_each(|l| l.mlp.finalize_grads())
     }

@@ -7,12 +7,28 @@
 //! module buffers until another forward needs them and are then moved aside (see
 //! [`crate::activation_stash`]). A backward never re-runs its forward.
 
+use crate::context_parallel::local_batch;
 use crate::model::GptModel;
 use anyhow::{bail, Context, Result};
-use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
-use megatron_transformer::step::{copy_any, ensure_buffer};
+use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
+use megatron_transformer::sequence_parallel::{gather_from_sp_region, reduce_scatter_to_sp_region};
+use megatron_transformer::step::{copy_any, ensure_buffer, ensure_shape};
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
 use megatron_transformer::{linear_backward, linear_forward, SavedActivations, StepInfo};
+
+/// The `(N, C)` lm-head input all-gathered from the `(N/tp, C)` decoder output shards
+/// (sequence parallelism).
+fn gather_lm_input(
+    bk: &dyn megatron_core::Backend,
+    ctx: &megatron_core::ParallelContext,
+    x: &DeviceTensor,
+    step: &StepInfo,
+) -> Result<DeviceTensor> {
+    let cols = x.shape().last().copied().unwrap_or(0);
+    let mut full = bk.zeros(&[step.tokens(), cols], DType::F32)?;
+    gather_from_sp_region(ctx, x, &mut full)?;
+    Ok(full)
+}
 
 /// What the backward of one in-flight training microbatch needs.
 pub(crate) struct Saved {
@@ -61,6 +77,12 @@ impl GptModel {
         // Output layer: column-parallel, no bias, logits stay vocab-parallel. The padding mask
         // rides in the bias slot: padded vocab ids get logit -inf (see `padding_mask`).
         let x = self.decoder.output();
+        if self.sequence_parallel() {
+            // SP: the lm-head input is gathered from the token shards (Megatron's output layer is
+            // a column-parallel linear with sequence_parallel); backward gathers it again.
+            let full = gather_lm_input(self.backend.as_ref(), &self.ctx, x, step)?;
+            return linear_forward(self.backend.as_ref(), &full, w, self.vocab_mask.as_ref(), &mut self.logits);
+        }
         copy_to_tp_region_forward(&self.ctx, x)?;
         linear_forward(self.backend.as_ref(), x, w, self.vocab_mask.as_ref(), &mut self.logits)
     }
@@ -72,6 +94,14 @@ impl GptModel {
         input: Option<DeviceTensor>,
         mode: Mode,
     ) -> Result<StageOutput> {
+        // Context parallelism: this rank's two sequence chunks of the microbatch.
+        let cp_batch;
+        let batch = if self.ctx.grid.cp > 1 {
+            cp_batch = local_batch(batch, &self.ctx)?;
+            &cp_batch
+        } else {
+            batch
+        };
         let (b, s) = (batch.micro_batch_size, batch.seq_length);
         let n = b * s;
         let (first, last) = (self.embedding.is_some(), self.ctx.is_last_stage());
@@ -101,9 +131,13 @@ impl GptModel {
                 bail!("pipeline stage {} needs the previous stage's hidden states (B, T, C) as input", self.ctx.pp_rank)
             }
             (false, Some(x)) => {
-                let want = [b, s, self.config.hidden_size];
+                let want = self.decoder.hidden_shape(&step)?;
                 if x.shape() != want {
-                    bail!("stage input has shape {:?}, expected {want:?} (micro batch, sequence, hidden)", x.shape());
+                    bail!(
+                        "stage input has shape {:?}, expected {want:?} ((micro batch, sequence, hidden), or the \
+                         (tokens/tp, hidden) shard with --sequence-parallel)",
+                        x.shape()
+                    );
                 }
                 Some(x)
             }
@@ -122,6 +156,15 @@ impl GptModel {
                     report.loss_sum += loss * m as f64;
                     report.num_tokens += m as f64;
                 }
+            }
+            if self.ctx.grid.cp > 1 {
+                // Every CP rank reports the whole microbatch (summed in a fixed group order).
+                let mut sums = [report.loss_sum, report.num_tokens];
+                self.ctx
+                    .comm
+                    .all_reduce_f64(&self.ctx.cp_group, &mut sums, ReduceOp::Sum)
+                    .context("context-parallel sum of the loss report")?;
+                report = LossReport { loss_sum: sums[0], num_tokens: sums[1] };
             }
             (StageOutput::Loss(report), Some(labels))
         } else {
@@ -166,6 +209,8 @@ impl GptModel {
                 bail!("the last pipeline stage starts backward from the loss and takes no output gradient");
             }
             let labels = saved.labels.as_ref().context("the last stage saved no labels")?;
+            // x cp: see `crate::context_parallel` (the DP×CP reduction divides by dp·cp).
+            let grad_scale = grad_scale * self.ctx.grid.cp as f32;
             let d_loss: Vec<f32> = saved.loss_mask.iter().map(|m| grad_scale * m).collect();
             let d_loss = bk.from_host(megatron_core::HostBuffer::F32(d_loss), &[step.tokens()])?;
             let vocab_start = self.vocab_start();
@@ -181,11 +226,20 @@ impl GptModel {
                     (None, None, None) => bail!("pipeline stage {} has no output layer", self.ctx.pp_rank),
                 };
             let x = self.decoder.output();
-            linear_backward(bk, x, &w.value, &self.logits, Some(&mut self.d_hidden), &mut w.grad, None)?;
+            if self.config.sequence_parallel && self.ctx.tp_size() > 1 {
+                // SP: gather the input again; the (N, C) input gradient is reduce-scattered
+                // back to this rank's token shard.
+                let full = gather_lm_input(bk, &self.ctx, x, &step)?;
+                let mut d_full = bk.zeros(full.shape(), DType::F32)?; // (N, C)
+                linear_backward(bk, &full, &w.value, &self.logits, Some(&mut d_full), &mut w.grad, None)?;
+                reduce_scatter_to_sp_region(&self.ctx, &d_full, &mut self.d_hidden)?;
+            } else {
+                linear_backward(bk, x, &w.value, &self.logits, Some(&mut self.d_hidden), &mut w.grad, None)?;
+                copy_to_tp_region_backward(&self.ctx, &mut self.d_hidden)?;
+            }
             if ready_now {
                 on_grads_ready(&[&*w])?;
             }
-            copy_to_tp_region_backward(&self.ctx, &mut self.d_hidden)?;
             &self.d_hidden
         } else {
             received = grad_output.with_context(|| {

@@ -19,6 +19,8 @@ fn run(config: GptConfig, ctx: ParallelContext, batch: &Batch) -> Shards {
     model.zero_grad().unwrap();
     let report = model.forward(batch, Mode::Train).unwrap();
     model.backward(1.0).unwrap();
+    // The TP sum of the sequence-parallel params' partial gradients (a no-op without SP at pp 1).
+    model.finalize_grads().unwrap();
     let params = model
         .params()
         .iter()
@@ -166,5 +168,22 @@ fn tp2_matches_tp1_llama_rope_gqa_no_bias() {
     c.kv_channels = Some(6);
     c.rotary_percent = 2.0 / 3.0;
     c.rotary_interleaved = true;
+    check_tp2_matches_tp1(c);
+}
+
+/// `--sequence-parallel` (SPEC §5.3): token-sharded norms and residuals, all-gather /
+/// reduce-scatter around the TP regions, the lm-head input gathered, the norm and row-parallel
+/// bias gradients summed over TP in `finalize_grads`: loss and every gradient equal tp = 1.
+#[test]
+fn sequence_parallel_tp2_matches_tp1() {
+    let mut c = tiny_config(64, 8);
+    c.sequence_parallel = true;
+    check_tp2_matches_tp1(c);
+    // No position table (rope: the embedding is reduce-scattered directly), RMSNorm, SwiGLU,
+    // GQA, untied output; then biases on (row-parallel biases are sequence-parallel params).
+    let mut c = tiny_llama_config(64, 8);
+    c.sequence_parallel = true;
+    check_tp2_matches_tp1(c.clone());
+    c.add_bias_linear = true;
     check_tp2_matches_tp1(c);
 }

@@ -12,6 +12,7 @@
 //! in place after the relayout; the backward applies the inverse rotation (the transpose) to
 //! the q/k gradients before the relayout's backward.
 
+use crate::context_parallel::{ring_attention_backward, ring_attention_forward, rotary_context_parallel};
 use crate::init::ModuleBuilder;
 use crate::linear::{LinearConfig, LinearLayer};
 use crate::spec::{RotaryConfig, SelfAttentionSpec, SpecProvider, TransformerConfig};
@@ -34,6 +35,9 @@ pub struct SelfAttention {
     tp_rank: usize,
     /// dtype of the activations (the builder's parameter dtype); `lse` stays fp32.
     act: DType,
+    /// The context when `--context-parallel-size` > 1: the core attention is the ring of
+    /// [`crate::context_parallel`] over the CP group instead of the backend's local kernel.
+    context_parallel: Option<megatron_core::ParallelContext>,
     qkv_grouped: DeviceTensor, // GQA only: (B, T, ng/tp, r+2, hn), not needed by backward
     qkv: DeviceTensor,         // (B, T, np/tp, 3, hn) rotated, kept as (B, T, 3·np/tp·hn)
     context: DeviceTensor,     // (B, T, np/tp * hn)
@@ -68,7 +72,9 @@ impl SelfAttention {
         };
         let backend = b.backend.clone();
         let bk = backend.as_ref();
+        let context_parallel = (b.ctx.grid.cp > 1).then(|| b.ctx.clone());
         Ok(SelfAttention {
+            context_parallel,
             linear_qkv: provider.column_parallel_linear(b, &format!("{prefix}.linear_qkv"), qkv_cfg)?,
             linear_proj: provider.row_parallel_linear(b, &format!("{prefix}.linear_proj"), proj_cfg)?,
             heads_local: np / b.tp_size(),
@@ -143,7 +149,10 @@ impl SelfAttention {
             self.linear_qkv.forward(x, &mut self.qkv)?;
         }
         if let Some(spec) = self.rotary_spec(b, t, offset) {
-            bk.rotary(&mut self.qkv, spec, false)?;
+            match &self.context_parallel {
+                Some(ctx) => rotary_context_parallel(bk, ctx, &mut self.qkv, spec, false)?,
+                None => bk.rotary(&mut self.qkv, spec, false)?,
+            }
         }
         Ok(())
     }
@@ -156,7 +165,10 @@ impl SelfAttention {
         ensure_buffer(backend, &mut self.context, &[b, t, np * hn], self.act)?;
         ensure_shape(backend, &mut self.lse, &[b, np, t])?;
         let spec = self.spec(step);
-        backend.attention_forward(&self.qkv, &mut self.context, &mut self.lse, spec)?;
+        match &self.context_parallel {
+            Some(ctx) => ring_attention_forward(backend, ctx, &self.qkv, &mut self.context, &mut self.lse, spec)?,
+            None => backend.attention_forward(&self.qkv, &mut self.context, &mut self.lse, spec)?,
+        }
         self.linear_proj.forward(&self.context, out)
     }
 
@@ -177,10 +189,27 @@ impl SelfAttention {
         // d of the per-head (rotated) qkv: straight into d_qkv without GQA.
         let d_heads = if gqa { &mut scratch.d_qkv_heads } else { &mut scratch.d_qkv };
         ensure_buffer(backend, d_heads, self.qkv.shape(), self.qkv.dtype())?;
-        backend.attention_backward(&scratch.d_context, &self.qkv, &self.context, &self.lse, d_heads, spec)?;
+        match &self.context_parallel {
+            Some(ctx) => ring_attention_backward(
+                backend,
+                ctx,
+                &scratch.d_context,
+                &self.qkv,
+                &self.context,
+                &self.lse,
+                d_heads,
+                spec,
+            )?,
+            None => {
+                backend.attention_backward(&scratch.d_context, &self.qkv, &self.context, &self.lse, d_heads, spec)?
+            }
+        }
         if let Some(rs) = self.rotary_spec(step.batch, step.seq, 0) {
             // The rotation is orthogonal: its backward is the inverse rotation.
-            backend.rotary(d_heads, rs, true)?;
+            match &self.context_parallel {
+                Some(ctx) => rotary_context_parallel(backend, ctx, d_heads, rs, true)?,
+                None => backend.rotary(d_heads, rs, true)?,
+            }
         }
         if gqa {
             let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);

@@ -20,6 +20,8 @@ pub struct TransformerBlock {
     /// norm's output (the activation dtype).
     residual_dtype: DType,
     output_dtype: DType,
+    /// The TP size when the residual stream is sequence-parallel (`(N/tp, C)` token shards).
+    sequence_parallel: Option<usize>,
     pub layers: Vec<TransformerLayer>,
     pub final_layernorm: Option<Box<dyn NormLayer>>,
     /// `residuals[0]` is the block input, `residuals[l + 1]` the output of layer `l`.
@@ -83,6 +85,7 @@ impl TransformerBlock {
             hidden: cfg.hidden_size,
             residual_dtype,
             output_dtype,
+            sequence_parallel: b.sequence_parallel.then_some(b.tp_size()),
             residuals: (0..=layers.len()).map(|_| empty(bk)).collect::<Result<_>>()?,
             output: empty(bk)?,
             d_residual: empty(bk)?,
@@ -93,9 +96,29 @@ impl TransformerBlock {
         })
     }
 
-    /// The `(B, T, C)` input buffer, sized for `step`: the embedding writes into it.
+    /// Shape of the residual stream (block input and output, pipeline p2p tensors) for
+    /// `step`: `(B, T, C)`, or this rank's `(B·T/tp, C)` token shard with sequence parallelism
+    /// (see [`crate::sequence_parallel`]).
+    pub fn hidden_shape(&self, step: &StepInfo) -> Result<Vec<usize>> {
+        match self.sequence_parallel {
+            None => Ok(vec![step.batch, step.seq, self.hidden]),
+            Some(tp) => {
+                if !step.seq.is_multiple_of(tp) {
+                    bail!(
+                        "--sequence-parallel needs the sequence length {} to be divisible by \
+                         --tensor-model-parallel-size {tp}",
+                        step.seq
+                    );
+                }
+                Ok(vec![step.tokens() / tp, self.hidden])
+            }
+        }
+    }
+
+    /// The residual stream input buffer ([`Self::hidden_shape`]), sized for `step`: the
+    /// embedding writes into it.
     pub fn input_mut(&mut self, step: &StepInfo) -> Result<&mut DeviceTensor> {
-        let shape = [step.batch, step.seq, self.hidden];
+        let shape = self.hidden_shape(step)?;
         let bk = self.backend.as_ref();
         for t in self.residuals.iter_mut().chain([&mut self.d_residual]) {
             ensure_buffer(bk, t, &shape, self.residual_dtype)?;
@@ -131,6 +154,9 @@ impl TransformerBlock {
         offset: usize,
         key_start: Option<&DeviceTensor>,
     ) -> Result<()> {
+        if self.sequence_parallel.is_some() {
+            bail!("incremental decoding does not run with --sequence-parallel; load the model at tp = 1");
+        }
         if caches.len() != self.layers.len() {
             bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
         }

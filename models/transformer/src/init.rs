@@ -132,12 +132,16 @@ pub struct ModuleBuilder {
     pub ctx: ParallelContext,
     pub seed: u64,
     pub precision: Precision,
+    /// `--sequence-parallel` (SPEC §5.3) in effect: the providers build the sequence-parallel
+    /// linears and the modules keep the residual stream as this rank's token shard. Only ever
+    /// true at tp > 1 (see [`ModuleBuilder::with_sequence_parallel`]).
+    pub sequence_parallel: bool,
 }
 
 impl ModuleBuilder {
     /// An fp32 builder.
     pub fn new(backend: Arc<dyn Backend>, ctx: ParallelContext, seed: u64) -> ModuleBuilder {
-        ModuleBuilder { backend, ctx, seed, precision: Precision::default() }
+        ModuleBuilder { backend, ctx, seed, precision: Precision::default(), sequence_parallel: false }
     }
 
     /// The same builder making modules of `precision`.
@@ -149,6 +153,13 @@ impl ModuleBuilder {
     /// dtype of parameters and activations.
     pub fn dtype(&self) -> DType {
         self.precision.params
+    }
+
+    /// Turns sequence parallelism on when `on` and tp > 1 (at tp = 1 there is nothing to shard,
+    /// Megatron switches it off there too).
+    pub fn with_sequence_parallel(mut self, on: bool) -> ModuleBuilder {
+        self.sequence_parallel = on && self.ctx.tp_size() > 1;
+        self
     }
 
     pub fn tp_size(&self) -> usize {

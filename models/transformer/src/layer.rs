@@ -33,6 +33,9 @@ pub struct TransformerLayer {
     /// dtype of the norm outputs (the parameter dtype) and of the residual stream `h1`.
     act: DType,
     residual: DType,
+    /// `Some(tp_rank)` under sequence parallelism: the residual stream is this rank's token
+    /// shard `(N/tp, C)` and the dropout masks come from the TP rank's stream.
+    sequence_parallel: Option<usize>,
     ln1_out: DeviceTensor, // (B, T, C)
     h1: DeviceTensor,      // (B, T, C)
     ln2_out: DeviceTensor, // (B, T, C)
@@ -71,6 +74,7 @@ impl TransformerLayer {
             hidden_dropout: cfg.hidden_dropout,
             act: b.dtype(),
             residual: b.precision.residual,
+            sequence_parallel: b.sequence_parallel.then_some(b.tp_rank()),
             layer_number,
             ln1_out: empty(backend.as_ref())?,
             h1: empty(backend.as_ref())?,
@@ -80,8 +84,10 @@ impl TransformerLayer {
     }
 
     /// `y (B, T, C)` from `x (B, T, C)`; in training keeps what backward needs.
+    /// With sequence parallelism `x`, `y` and the norm/residual buffers are the `(N/tp, C)`
+    /// token shard (the linears gather and scatter, see [`crate::sequence_parallel`]).
     pub fn forward(&mut self, x: &DeviceTensor, y: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
-        let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
+        let shape = x.shape().to_vec(); // (B, T, C), or (N/tp, C) with sequence parallelism
         let backend = self.backend.as_ref();
         ensure_buffer(backend, &mut self.ln1_out, &shape, self.act)?;
         ensure_buffer(backend, &mut self.h1, &shape, self.residual)?;
@@ -89,13 +95,13 @@ impl TransformerLayer {
         self.input_layernorm.forward(x, &mut self.ln1_out)?;
         // h1 = x + dropout(attn(ln1(x))): the branch is written into h1, then x is added.
         self.self_attention.forward(&self.ln1_out, &mut self.h1, step)?;
-        let (p, layer) = (self.hidden_dropout, self.layer_number);
-        hidden_dropout(backend, &mut self.h1, p, layer, DropoutSite::AttentionOutput, step)?;
+        let (p, layer, sp) = (self.hidden_dropout, self.layer_number, self.sequence_parallel);
+        hidden_dropout_in(backend, &mut self.h1, p, layer, DropoutSite::AttentionOutput, step, sp)?;
         backend.axpy(&mut self.h1, 1.0, x)?;
         self.pre_mlp_layernorm.forward(&self.h1, &mut self.ln2_out)?;
         // y = h1 + dropout(mlp(ln2(h1))).
         self.mlp.forward(&self.ln2_out, y, step)?;
-        hidden_dropout(backend, y, p, layer, DropoutSite::MlpOutput, step)?;
+        hidden_dropout_in(backend, y, p, layer, DropoutSite::MlpOutput, step, sp)?;
         backend.axpy(y, 1.0, &self.h1)
     }
 
@@ -110,6 +116,9 @@ impl TransformerLayer {
         key_start: Option<&DeviceTensor>,
         step: &StepInfo,
     ) -> Result<()> {
+        if self.sequence_parallel.is_some() {
+            anyhow::bail!("incremental decoding does not run with --sequence-parallel; load the model at tp = 1");
+        }
         let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
         let backend = self.backend.as_ref();
         ensure_buffer(backend, &mut self.ln1_out, &shape, self.act)?;
@@ -134,6 +143,9 @@ impl TransformerLayer {
         offsets: &[usize],
         step: &StepInfo,
     ) -> Result<()> {
+        if self.sequence_parallel.is_some() {
+            anyhow::bail!("incremental decoding does not run with --sequence-parallel; load the model at tp = 1");
+        }
         let shape = [step.batch, step.seq, x.numel() / step.tokens().max(1)];
         let backend = self.backend.as_ref();
         ensure_buffer(backend, &mut self.ln1_out, &shape, self.act)?;
@@ -161,19 +173,19 @@ impl TransformerLayer {
         // d_branch carries residual-stream gradients, d_norm the norms' (activation dtype).
         ensure_buffer(backend.as_ref(), d_branch, d_res.shape(), d_res.dtype())?;
         ensure_buffer(backend.as_ref(), d_norm, d_res.shape(), self.act)?;
-        let (p, layer) = (self.hidden_dropout, self.layer_number);
+        let (p, layer, sp) = (self.hidden_dropout, self.layer_number, self.sequence_parallel);
         let ctx = || format!("backward of decoder layer {layer}");
 
         // MLP branch: d_branch = dropout(dL/dy) (same mask), through mlp and norm2, into d_res.
         backend.copy(d_res, d_branch)?;
-        hidden_dropout(backend.as_ref(), d_branch, p, layer, DropoutSite::MlpOutput, step)?;
+        hidden_dropout_in(backend.as_ref(), d_branch, p, layer, DropoutSite::MlpOutput, step, sp)?;
         self.mlp.backward(&self.ln2_out, d_branch, d_norm, inner).with_context(ctx)?;
         self.pre_mlp_layernorm.backward(d_norm, &self.h1, d_branch).with_context(ctx)?;
         backend.axpy(d_res, 1.0, d_branch)?;
 
         // Attention branch, same pattern on dL/dh1.
         backend.copy(d_res, d_branch)?;
-        hidden_dropout(backend.as_ref(), d_branch, p, layer, DropoutSite::AttentionOutput, step)?;
+        hidden_dropout_in(backend.as_ref(), d_branch, p, layer, DropoutSite::AttentionOutput, step, sp)?;
         self.self_attention.backward(&self.ln1_out, d_branch, d_norm, inner, step).with_context(ctx)?;
         self.input_layernorm.backward(d_norm, x, d_branch).with_context(ctx)?;
         backend.axpy(d_res, 1.0, d_branch)
@@ -217,9 +229,27 @@ pub fn hidden_dropout(
     site: DropoutSite,
     step: &StepInfo,
 ) -> Result<()> {
+    hidden_dropout_in(backend, t, p, layer, site, step, None)
+}
+
+/// [`hidden_dropout`] on a sequence-parallel shard when `sequence_parallel` is `Some(tp_rank)`
+/// (the mask then comes from that TP rank's stream, [`StepInfo::dropout_seed_in`]).
+pub fn hidden_dropout_in(
+    backend: &dyn Backend,
+    t: &mut DeviceTensor,
+    p: f32,
+    layer: usize,
+    site: DropoutSite,
+    step: &StepInfo,
+    sequence_parallel: Option<usize>,
+) -> Result<()> {
     let p = step.dropout_p(p);
     if p > 0.0 {
-        backend.dropout(t, p, step.dropout_seed(layer, site, 0))?;
+        let seed = match sequence_parallel {
+            Some(tp_rank) => step.dropout_seed_in(layer, site, tp_rank, true),
+            None => step.dropout_seed(layer, site, 0),
+        };
+        backend.dropout(t, p, seed)?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod context_parallel;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod grad_check;
@@ -21,6 +22,7 @@ pub mod mlp;
 pub mod mlp_slot;
 pub mod norm;
 pub mod precision;
+pub mod sequence_parallel;
 pub mod spec;
 pub mod step;
 pub mod tp_mappings;
@@ -36,6 +38,7 @@ pub use mlp::Mlp;
 pub use mlp_slot::{MlpSlot, WithMlpProvider};
 pub use norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
 pub use precision::Precision;
+pub use sequence_parallel::{SequenceParallelColumnLinear, SequenceParallelRowLinear};
 pub use spec::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, RotaryConfig,
     SelfAttentionSpec, SpecProvider, TransformerBlockSpec, TransformerConfig, TransformerLayerSpec,

@@ -8,6 +8,7 @@
 use crate::init::ModuleBuilder;
 use crate::linear::{ColumnParallelLinear, LinearConfig, LinearLayer, RowParallelLinear};
 use crate::norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
+use crate::sequence_parallel::{SequenceParallelColumnLinear, SequenceParallelRowLinear};
 use anyhow::{bail, Result};
 
 /// Rotary position embedding of the attention's q and k (`--position-embedding-type rope`).
@@ -200,7 +201,7 @@ pub trait SpecProvider: Send + Sync {
 }
 
 /// The local (pure Megatron-Core) tensor-parallel provider: gemm-based parallel linears and
-/// backend norms.
+/// backend norms; the sequence-parallel linears when the builder has `sequence_parallel`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LocalSpecProvider;
 
@@ -211,10 +212,16 @@ impl SpecProvider for LocalSpecProvider {
         prefix: &str,
         cfg: LinearConfig,
     ) -> Result<Box<dyn LinearLayer>> {
+        if b.sequence_parallel {
+            return Ok(Box::new(SequenceParallelColumnLinear::new(b, prefix, cfg)?));
+        }
         Ok(Box::new(ColumnParallelLinear::new(b, prefix, cfg)?))
     }
 
     fn row_parallel_linear(&self, b: &ModuleBuilder, prefix: &str, cfg: LinearConfig) -> Result<Box<dyn LinearLayer>> {
+        if b.sequence_parallel {
+            return Ok(Box::new(SequenceParallelRowLinear::new(b, prefix, cfg)?));
+        }
         Ok(Box::new(RowParallelLinear::new(b, prefix, cfg)?))
     }
 

@@ -53,6 +53,17 @@ impl StepInfo {
         mix64(mix64(mix64(self.seed) ^ (layer as u64 + 1)) ^ (site.code() << 32) ^ (tp << 48))
     }
 
+    /// Seed of a dropout mask on sequence-parallel activations (SPEC §5.11: with SP the
+    /// embedding dropout and the whole block run in the model-parallel RNG stream): the TP rank
+    /// is mixed in at every site, since each rank holds different tokens. `None` is the
+    /// replicated case, [`Self::dropout_seed`].
+    pub fn dropout_seed_in(&self, layer: usize, site: DropoutSite, tp_rank: usize, sequence_parallel: bool) -> u64 {
+        if !sequence_parallel {
+            return self.dropout_seed(layer, site, tp_rank);
+        }
+        mix64(self.dropout_seed(layer, site, tp_rank) ^ ((tp_rank as u64 + 1) << 40))
+    }
+
     /// The dropout probability to apply now: zero outside training.
     pub fn dropout_p(&self, p: f32) -> f32 {
         if self.train {
