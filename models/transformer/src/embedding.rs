@@ -5,7 +5,7 @@ use crate::context_parallel::global_position;
 use crate::init::{Init, ModuleBuilder, Split};
 use crate::layer::{hidden_dropout, hidden_dropout_in};
 use crate::sequence_parallel::{gather_from_sp_region, reduce_scatter_to_sp_region};
-use crate::step::{empty, ensure_buffer, ensure_shape, DropoutSite, StepInfo};
+use crate::step::{empty, ensure_buffer, DropoutSite, StepInfo};
 use crate::tp_mappings::all_reduce_tp;
 use anyhow::{bail, Result};
 use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param, ReduceOp};
