@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import typing
+import zlib
 
 TP, PP = 2, 2
 ITERATION = 10
@@ -95,7 +96,7 @@ def worker(rank, mlm, out, port):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "bias" in name or "layernorm" in name or "norm" in name:
-                g = torch.Generator().manual_seed(hash((pp_rank, name)) % (2**31))
+                g = torch.Generator().manual_seed(zlib.crc32(f"{pp_rank}/{name}".encode()))
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=1e-3, min_lr=1e-4, lr_warmup_steps=5 * BATCH,

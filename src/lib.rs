@@ -4,6 +4,8 @@
 
 pub mod args;
 pub mod bench;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod checkpoint_tools;
 pub mod cli;
 pub mod config;
 pub mod distributed;
@@ -26,6 +28,8 @@ pub mod train;
 // Without a reference the linker drops a plugin crate and the registry is silently empty.
 #[cfg(feature = "checkpoint")]
 use megatron_checkpoint as _;
+#[cfg(feature = "checkpoint")]
+use megatron_checkpoint_megatron as _;
 #[cfg(feature = "comm-local")]
 use megatron_comm_local as _;
 #[cfg(feature = "mpi")]

@@ -12,6 +12,7 @@ pub mod partition;
 pub mod pickle;
 pub mod torchzip;
 pub mod value;
+pub mod writer;
 
 pub use torchzip::{TensorData, TorchFile};
 pub use value::{StorageRef, TensorRef, TorchDType, Value};

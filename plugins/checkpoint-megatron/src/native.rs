@@ -1,4 +1,5 @@
-//! Legacy Megatron-LM checkpoint → megatron-rs native checkpoint: full tensors (vocabulary
+//! What a legacy Megatron-LM checkpoint becomes in megatron-rs (the `megatron` package writes
+//! it with the native checkpoint crate): full tensors (vocabulary
 //! re-padded by Megatron's saver rule: trim, or replicate the last row), the stored `args`
 //! as the run's args, iteration, consumed-sample counters and the LR-scheduler state
 //! (`opt_param_scheduler` has exactly the fields megatron-rs's schedule stores).
@@ -8,11 +9,9 @@ use crate::torchzip::TensorData;
 use crate::value::{TorchDType, Value};
 use anyhow::{bail, Context, Result};
 use half::{bf16, f16};
-use megatron_checkpoint::CheckpointMeta;
-use megatron_core::{Backend, DType, HostBuffer, ParallelContext, Param, ParamLayout};
+use megatron_core::HostBuffer;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 /// `t` with `rows` rows: trimmed, or padded by repeating its last row (Megatron's saver).
 pub fn resize_vocab(t: &TensorData, rows: usize) -> Result<TensorData> {
@@ -74,41 +73,36 @@ pub fn model_tensors(
     Ok(tensors)
 }
 
-/// Writes `ck` as a native checkpoint under `save` (at its iteration) and returns the
-/// iteration directory. `padded_vocab`: rows of the word embedding (default: as stored).
-pub fn convert_to_native(
-    ck: &LegacyCheckpoint,
-    save: &Path,
-    padded_vocab: Option<usize>,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<PathBuf> {
-    let padded = padded_vocab.unwrap_or(ck.shape.padded_vocab);
-    let tensors = model_tensors(ck, padded, progress)?;
-    let backend = megatron_cpu::CpuBackend::new();
-    let mut params = Vec::with_capacity(tensors.len());
-    for (name, t) in &tensors {
-        let value = backend.from_host(host_buffer(t), &t.shape)?;
-        let grad = backend.zeros(&[0], DType::F32)?;
-        let layout = ParamLayout::replicated(&t.shape, t.shape.len() == 1);
-        params.push(Param { name: name.clone(), value, grad, layout });
-    }
-    let root = &ck.shards[0][0].root;
+/// The run state a converted checkpoint carries besides its tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunState {
+    pub iteration: u64,
+    pub consumed_train_samples: u64,
+    pub skipped_train_samples: u64,
+    pub consumed_valid_samples: u64,
+    /// [`native_args`] of the stored args.
+    pub args: serde_json::Value,
+    /// The OptimizerParamScheduler state (same fields as megatron-rs's), or null.
+    pub lr_scheduler: serde_json::Value,
+    pub seed: Option<i64>,
+    pub num_floating_point_operations_so_far: f64,
+}
+
+/// The [`RunState`] of `ck`, with the vocabulary padded to `padded_vocab`.
+pub fn run_state(ck: &LegacyCheckpoint, padded_vocab: usize) -> RunState {
     let int = |k: &str| ck.args.get(k).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-    let seed = ck.args.get("seed").and_then(Value::as_i64);
-    let meta = CheckpointMeta {
+    let root = &ck.shards[0][0].root;
+    RunState {
+        iteration: ck.iteration(),
         consumed_train_samples: int("consumed_train_samples"),
         skipped_train_samples: int("skipped_train_samples"),
         consumed_valid_samples: int("consumed_valid_samples"),
-        args: native_args(&ck.args, padded),
+        args: native_args(&ck.args, padded_vocab),
         lr_scheduler: ck.scheduler_state().map(Value::to_json).unwrap_or(serde_json::Value::Null),
-        rng: seed.map_or(serde_json::Value::Null, |s| json!({ "seed": s })),
-        tokenizer_fingerprint: None,
+        seed: ck.args.get("seed").and_then(Value::as_i64),
         num_floating_point_operations_so_far: root
             .get("num_floating_point_operations_so_far")
             .and_then(Value::as_f64)
             .unwrap_or(0.0),
-    };
-    let refs: Vec<&Param> = params.iter().collect();
-    megatron_checkpoint::save(save, ck.iteration(), &refs, None, meta, &backend, &ParallelContext::single())
-        .with_context(|| format!("writing the converted checkpoint to {}", save.display()))
+    }
 }

@@ -80,10 +80,10 @@ impl Shape {
             && s.pp >= 1
             && s.vp >= 1
             && s.groups >= 1
-            && s.heads % s.groups == 0
-            && s.groups % s.tp == 0
-            && s.ffn % s.tp == 0
-            && s.padded_vocab % s.tp == 0
+            && s.heads.is_multiple_of(s.groups)
+            && s.groups.is_multiple_of(s.tp)
+            && s.ffn.is_multiple_of(s.tp)
+            && s.padded_vocab.is_multiple_of(s.tp)
             && s.num_layers <= 1 << 16;
         if !ok {
             bail!(
@@ -116,7 +116,7 @@ impl Shape {
             if middle_stages == 0 && middle_layers != 0 || middle_stages > 0 && middle_layers % middle_stages != 0 {
                 bail!("{middle_layers} middle layers do not split evenly over {middle_stages} stages");
             }
-            let per = if middle_stages == 0 { 0 } else { middle_layers / middle_stages };
+            let per = middle_layers.checked_div(middle_stages).unwrap_or(0);
             let count = |r: usize| match (r, first, last) {
                 (0, Some(f), _) => f,
                 (r, _, Some(x)) if r == pp - 1 => x,
@@ -136,8 +136,7 @@ impl Shape {
 /// Megatron-LM's pre-Core (`megatron.legacy.model`) names → Megatron-Core names.
 fn from_legacy_model_name(key: &str) -> String {
     let k = key.strip_prefix("language_model.").unwrap_or(key);
-    let k = k.replacen("embedding.word_embeddings", "embedding.word_embeddings", 1);
-    let k = if let Some(rest) = k.strip_prefix("encoder.") { format!("decoder.{rest}") } else { k };
+    let k = if let Some(rest) = k.strip_prefix("encoder.") { format!("decoder.{rest}") } else { k.to_string() };
     k.replace(".input_norm.", ".input_layernorm.")
         .replace(".self_attention.query_key_value.", ".self_attention.linear_qkv.")
         .replace(".self_attention.dense.", ".self_attention.linear_proj.")

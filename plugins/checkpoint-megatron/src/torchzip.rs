@@ -152,7 +152,7 @@ impl TorchFile {
                 .iter()
                 .zip(&t.stride)
                 .try_fold(t.offset, |a, (&s, &st)| (s - 1).checked_mul(st).and_then(|x| a.checked_add(x)));
-            if !last.is_some_and(|l| l < t.storage.numel) {
+            if last.is_none_or(|l| l >= t.storage.numel) {
                 bail!(
                     "{p}: tensor `{name}` (offset {}, shape {:?}, stride {:?}) reaches past its storage of {} elements",
                     t.offset,
