@@ -7,6 +7,7 @@
 
 pub mod layout;
 pub mod legacy;
+pub mod legacy_write;
 pub mod native;
 pub mod partition;
 pub mod pickle;

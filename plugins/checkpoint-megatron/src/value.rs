@@ -262,3 +262,18 @@ impl fmt::Display for Value {
         }
     }
 }
+
+impl Value {
+    /// Plain JSON as a value (objects become dicts), e.g. megatron-rs's stored args.
+    pub fn from_json(v: &serde_json::Value) -> Value {
+        use serde_json::Value as J;
+        match v {
+            J::Null => Value::None,
+            J::Bool(b) => Value::Bool(*b),
+            J::Number(n) => n.as_i64().map(Value::Int).unwrap_or_else(|| Value::Float(n.as_f64().unwrap_or(0.0))),
+            J::String(s) => Value::Str(s.clone()),
+            J::Array(a) => Value::List(a.iter().map(Value::from_json).collect()),
+            J::Object(m) => Value::Dict(m.iter().map(|(k, v)| (Value::Str(k.clone()), Value::from_json(v))).collect()),
+        }
+    }
+}
