@@ -64,6 +64,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::tools::tokenizer_train::TokenizerCommand,
     },
+    /// Checkpoint tools: `convert` (Megatron-LM legacy <-> native <-> hf), `inspect`.
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    Checkpoint {
+        #[command(subcommand)]
+        command: crate::checkpoint_tools::CheckpointCommand,
+    },
 }
 
 /// Lets every value-taking flag of `cmd` and of its subcommands (recursively) take a negative
@@ -116,6 +122,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Data { command } => crate::tools::data_inspect::run(&command, &registry),
         #[cfg(feature = "tokenizers")]
         Command::Tokenizer { command } => crate::tools::tokenizer_train::run(&command),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Checkpoint { command } => crate::checkpoint_tools::run(&command, &registry),
     }
 }
 

@@ -4,6 +4,8 @@
 
 pub mod args;
 pub mod bench;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod checkpoint_tools;
 pub mod cli;
 pub mod config;
 pub mod distributed;
@@ -30,6 +32,8 @@ pub mod train;
 use megatron_bert as _;
 #[cfg(feature = "checkpoint")]
 use megatron_checkpoint as _;
+#[cfg(feature = "checkpoint")]
+use megatron_checkpoint_megatron as _;
 #[cfg(feature = "comm-local")]
 use megatron_comm_local as _;
 #[cfg(feature = "mpi")]

@@ -155,6 +155,20 @@ impl Trainer {
     /// Loads `--load` if it holds a checkpoint (SPEC §7.3).
     pub fn maybe_load(&mut self) -> Result<()> {
         let Some(dir) = self.cfg.args.load.clone() else { return Ok(()) };
+        // A Megatron-LM checkpoint is converted to a temporary native one first (its vocabulary
+        // padded to this model's), which is removed once loaded.
+        #[cfg(all(feature = "gpt", feature = "tokenizers"))]
+        let _converted = {
+            let padded = self
+                .model
+                .params()
+                .iter()
+                .find(|p| p.name == "embedding.word_embeddings.weight")
+                .map(|p| p.layout.global_shape[0]);
+            crate::checkpoint_tools::resolve_load_dir(&dir, padded, self.ctx.rank)?
+        };
+        #[cfg(all(feature = "gpt", feature = "tokenizers"))]
+        let dir = _converted.as_ref().map_or(dir, |t| t.0.clone());
         let a = self.cfg.args.clone();
         let Some(iteration) = megatron_checkpoint::read_tracker(&dir)? else {
             if a.exit_on_missing_checkpoint {

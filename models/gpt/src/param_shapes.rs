@@ -38,8 +38,12 @@ pub fn gpt_param_shapes(config: &GptConfig, padded_vocab: usize) -> Vec<(String,
     for i in 0..config.num_layers {
         let p = format!("decoder.layers.{i}");
         norm(&mut out, &format!("{p}.input_layernorm"));
-        linear(&mut out, &format!("{p}.self_attention.linear_qkv"), h.saturating_mul(3), h);
-        linear(&mut out, &format!("{p}.self_attention.linear_proj"), h, h);
+        // Grouped-query attention: (np + 2 ng) hn fused rows, np hn attention width.
+        let (np, ng) = (config.num_attention_heads, config.num_query_groups.unwrap_or(config.num_attention_heads));
+        let hn = config.kv_channels.unwrap_or(h / np.max(1));
+        let qkv_rows = np.saturating_add(ng.saturating_mul(2)).saturating_mul(hn);
+        linear(&mut out, &format!("{p}.self_attention.linear_qkv"), qkv_rows, h);
+        linear(&mut out, &format!("{p}.self_attention.linear_proj"), h, np.saturating_mul(hn));
         norm(&mut out, &format!("{p}.pre_mlp_layernorm"));
         linear(&mut out, &format!("{p}.mlp.linear_fc1"), f.saturating_mul(gates), h);
         linear(&mut out, &format!("{p}.mlp.linear_fc2"), h, f);
@@ -59,11 +63,14 @@ pub fn gpt_param_count(config: &GptConfig, padded_vocab: usize) -> usize {
     let norm = if config.normalization == NormKind::LayerNorm { 2 * h } else { h };
     let b = usize::from(config.add_bias_linear);
     let mul = |a: usize, c: usize| a.saturating_mul(c);
+    let (np, ng) = (config.num_attention_heads, config.num_query_groups.unwrap_or(config.num_attention_heads));
+    let hn = config.kv_channels.unwrap_or(h / np.max(1));
+    let qkv_rows = mul(np.saturating_add(mul(ng, 2)), hn);
     let per_layer = [
         mul(norm, 2),
-        mul(mul(3, h), h),
-        mul(mul(3, h), b),
-        mul(h, h),
+        mul(qkv_rows, h),
+        mul(qkv_rows, b),
+        mul(h, mul(np, hn)),
         mul(h, b),
         mul(mul(f, gates), h),
         mul(mul(f, gates), b),
@@ -89,7 +96,7 @@ mod tests {
     #[test]
     fn shapes_match_a_built_model() {
         let backend: std::sync::Arc<dyn megatron_core::Backend> = std::sync::Arc::new(megatron_cpu::CpuBackend::new());
-        for variant in 0..5 {
+        for variant in 0..6 {
             let mut c = GptConfig::new(3, 16, 4, 8, 50);
             c.ffn_hidden_size = Some(24);
             match variant {
@@ -100,6 +107,7 @@ mod tests {
                     c.untie_embeddings_and_output_weights = true;
                     c.max_position_embeddings = 12;
                 }
+                5 => c.num_query_groups = Some(2),
                 _ => {}
             }
             let model = GptModel::new(c.clone(), backend.clone(), ParallelContext::single()).unwrap();
