@@ -64,6 +64,9 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::tools::tokenizer_train::TokenizerCommand,
     },
+    /// Zero-shot evaluation of a checkpoint (tasks/main.py: WIKITEXT103 perplexity, LAMBADA accuracy).
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    Eval(Box<crate::eval_cli::EvalArgs>),
 }
 
 /// Lets every value-taking flag of `cmd` and of its subcommands (recursively) take a negative
@@ -116,6 +119,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Data { command } => crate::tools::data_inspect::run(&command, &registry),
         #[cfg(feature = "tokenizers")]
         Command::Tokenizer { command } => crate::tools::tokenizer_train::run(&command),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+        Command::Eval(args) => crate::eval_cli::run(&args, &registry),
     }
 }
 

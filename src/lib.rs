@@ -8,6 +8,8 @@ pub mod cli;
 pub mod config;
 pub mod distributed;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod eval_cli;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod hf;
