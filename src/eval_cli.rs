@@ -69,7 +69,13 @@ pub fn run(args: &EvalArgs, registry: &Registry) -> Result<()> {
     let ck_args = ckpt.metadata.meta.args.clone();
     let tokenizer = tokenizer_for(registry, &args.load, &ck_args)?;
     let padded = ckpt.entry("embedding.word_embeddings.weight")?.global_shape[0];
-    let vocab_size = tokenizer.vocab_size().min(padded);
+    // As `generate` loads it: a mock-data model's vocabulary is its --vocab-size (the
+    // NullTokenizer adds an eod id above it).
+    let vocab_size = match ck_args["vocab_size"].as_u64() {
+        Some(v) if ck_args["mock_data"].as_bool() == Some(true) && ck_args["tokenizer_type"].is_null() => v as usize,
+        _ => tokenizer.vocab_size(),
+    }
+    .min(padded);
     let config = gpt_config_from_args(&ck_args, vocab_size, padded, dir)?;
     check_config_against_tensors(&config, padded, &ckpt)?;
     let seq_len = args.seq_length.unwrap_or(config.seq_length);

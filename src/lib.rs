@@ -13,6 +13,8 @@ pub mod eval_cli;
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod hf;
+#[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+pub mod plan_cli;
 pub mod plugin_config;
 pub mod plugins;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]

@@ -54,6 +54,8 @@ pub struct EvalResult {
     pub num_original_tokens: usize,
     pub scored_targets: usize,
     pub seconds: f64,
+    /// LAMBADA: whether each example was fully correct (in file order).
+    pub correct: Vec<bool>,
 }
 
 impl EvalResult {
@@ -124,6 +126,7 @@ impl EvalResult {
                 v["number_correct"] = json!(self.output);
                 v["total_examples"] = json!(self.samples);
                 v["accuracy"] = json!(self.accuracy());
+                v["correct"] = json!(self.correct.iter().map(|&c| c as u8).collect::<Vec<_>>());
             }
         }
         v
@@ -175,6 +178,7 @@ pub fn evaluate(
         num_original_tokens: ds.num_original_tokens,
         scored_targets: 0,
         seconds: 0.0,
+        correct: Vec::new(),
     };
     std::thread::scope(|scope| -> Result<()> {
         let mut receivers = Vec::with_capacity(tp);
@@ -216,6 +220,7 @@ pub fn evaluate(
                         ok[p / mb.s] &= sc.argmax as i32 == mb.labels[p];
                     }
                     result.output += ok.iter().filter(|&&x| x).count() as f64;
+                    result.correct.extend(ok);
                 }
             }
             progress(k + 1, batches);

@@ -170,6 +170,8 @@ fn lambada_counts_exactly_the_examples_built_to_be_right() {
     for (tp, mbs) in [(1, 1), (1, 3), (2, 2)] {
         let got = run(&c, tp, &ds, mbs);
         assert_eq!(got.output, want, "tp {tp} micro batch {mbs}");
+        let even: Vec<bool> = (0..contexts.len()).map(|i| i % 2 == 0).collect();
+        assert!(got.correct.iter().zip(&even).all(|(&c, &e)| !c || e), "only even examples can be right");
         assert_eq!(got.samples, contexts.len());
     }
     // Strict: targets are " " + the last word; the count equals the naive one.
@@ -203,6 +205,7 @@ fn strict_split_and_result_lines() {
         num_original_tokens: 5153,
         scored_targets: 5153,
         seconds: 1.0,
+        correct: Vec::new(),
     };
     // As Megatron's '{:.4E}'.format prints them.
     assert_eq!(
