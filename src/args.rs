@@ -341,4 +341,14 @@ pub struct PretrainArgs {
     /// Keep the residual stream in fp32 in a --bf16/--fp16 model.
     #[arg(long)]
     pub fp32_residual_connection: bool,
+    /// On a non-finite loss or gradient (the update is skipped and diagnosed: first bad
+    /// parameter, microbatch, samples): `skip` goes on, `stop` ends the run (src/train/guards.rs).
+    #[arg(long, default_value = "skip", value_parser = ["skip", "stop"])]
+    pub on_nan: String,
+    /// Print every layer's gradient norm at each log interval.
+    #[arg(long)]
+    pub log_per_layer_grad_norms: bool,
+    /// Tests only: a NaN in PARAM's gradient at iteration ITER (and in the replay of MB).
+    #[arg(long, hide = true, value_name = "ITER:MB:PARAM")]
+    pub inject_nan_grad: Option<String>,
 }

@@ -70,6 +70,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::checkpoint_tools::CheckpointCommand,
     },
+    /// Zero-shot evaluation of a checkpoint (tasks/main.py: WIKITEXT103 perplexity, LAMBADA accuracy).
+    #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+    Eval(Box<crate::eval_cli::EvalArgs>),
+    /// Memory, FLOPs and step time of a `pretrain` layout, nothing allocated (megatron-plan).
+    #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+    Plan(Box<crate::plan_cli::PlanArgs>),
 }
 
 /// Lets every value-taking flag of `cmd` and of its subcommands (recursively) take a negative
@@ -124,6 +130,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tokenizer { command } => crate::tools::tokenizer_train::run(&command),
         #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
         Command::Checkpoint { command } => crate::checkpoint_tools::run(&command, &registry),
+        Command::Eval(args) => crate::eval_cli::run(&args, &registry),
+        #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+        Command::Plan(args) => crate::plan_cli::run(&args, &registry),
     }
 }
 

@@ -10,10 +10,14 @@ pub mod cli;
 pub mod config;
 pub mod distributed;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
+pub mod eval_cli;
+#[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod hf;
 pub mod moe_args;
+#[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+pub mod plan_cli;
 pub mod plugin_config;
 pub mod plugins;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]

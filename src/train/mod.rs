@@ -5,6 +5,7 @@
 mod checkpointing;
 pub mod comm_timing;
 pub mod data;
+mod guards;
 pub mod log;
 mod loss_scaling;
 pub mod memory;

@@ -74,7 +74,9 @@ impl Trainer {
         };
         let reports =
             self.schedule.run_with_grad_hook(model, &mut next_batch, m, false, &self.ctx, &mut on_grads_ready)?;
-        // SPEC §5.10: data-parallel sync, then the embedding-group reduction of tied copies.
+        // Tests only (--inject-nan-grad); then SPEC §5.10: data-parallel sync, then the
+        // embedding-group reduction of tied copies.
+        self.guard_inject(iteration + 1, None)?;
         {
             let mut params = self.model.params_mut();
             match self.grad_sync.as_mut() {
@@ -97,6 +99,7 @@ impl Trainer {
             let (max, bk) = (self.cfg.args.clip_grad, self.backend.as_ref());
             megatron_optim::clip_grad_norm_sharded(&mut params, max, bk, &self.ctx, dp_group.as_ref())?
         };
+        self.guard_after_backward(iteration + 1, consumed, loss, grad_norm)?;
         let lr = self.lr_schedule.lr();
         if !loss.is_finite() || !grad_norm.is_finite() {
             // Megatron skips the update on inf/NaN (SPEC §6.7): the LR schedule does not step.

@@ -19,10 +19,11 @@ pub fn gpt_param_shapes(config: &GptConfig, padded_vocab: usize) -> Vec<(String,
     let f = config.ffn_hidden_size.unwrap_or(h.saturating_mul(4));
     let gates = if config.swiglu { 2 } else { 1 };
     let bias = config.add_bias_linear;
-    let mut out: Vec<(String, Vec<usize>)> = vec![
-        (WORD_EMBEDDING.to_string(), vec![padded_vocab, h]),
-        ("embedding.position_embeddings.weight".to_string(), vec![config.max_position_embeddings, h]),
-    ];
+    let mut out: Vec<(String, Vec<usize>)> = vec![(WORD_EMBEDDING.to_string(), vec![padded_vocab, h])];
+    // RoPE models have no learned position table (the model builds none).
+    if !config.uses_rope() {
+        out.push(("embedding.position_embeddings.weight".to_string(), vec![config.max_position_embeddings, h]));
+    }
     let norm = |out: &mut Vec<(String, Vec<usize>)>, prefix: &str| {
         out.push((format!("{prefix}.weight"), vec![h]));
         if config.normalization == NormKind::LayerNorm {
@@ -38,12 +39,16 @@ pub fn gpt_param_shapes(config: &GptConfig, padded_vocab: usize) -> Vec<(String,
     for i in 0..config.num_layers {
         let p = format!("decoder.layers.{i}");
         norm(&mut out, &format!("{p}.input_layernorm"));
-        // Grouped-query attention: (np + 2 ng) hn fused rows, np hn attention width.
-        let (np, ng) = (config.num_attention_heads, config.num_query_groups.unwrap_or(config.num_attention_heads));
-        let hn = config.kv_channels.unwrap_or(h / np.max(1));
-        let qkv_rows = np.saturating_add(ng.saturating_mul(2)).saturating_mul(hn);
-        linear(&mut out, &format!("{p}.self_attention.linear_qkv"), qkv_rows, h);
-        linear(&mut out, &format!("{p}.self_attention.linear_proj"), h, np.saturating_mul(hn));
+        // GQA: `np` query heads and `ng` key/value groups of `kv_channels` each.
+        let np = config.num_attention_heads.max(1);
+        let kv = config.kv_channels.unwrap_or(h / np);
+        let ng = config.num_query_groups.unwrap_or(np);
+        let qkv = kv.saturating_mul(np + 2 * ng);
+        out.push((format!("{p}.self_attention.linear_qkv.weight"), vec![qkv, h]));
+        if bias || config.add_qkv_bias {
+            out.push((format!("{p}.self_attention.linear_qkv.bias"), vec![qkv]));
+        }
+        linear(&mut out, &format!("{p}.self_attention.linear_proj"), h, kv.saturating_mul(np));
         norm(&mut out, &format!("{p}.pre_mlp_layernorm"));
         linear(&mut out, &format!("{p}.mlp.linear_fc1"), f.saturating_mul(gates), h);
         linear(&mut out, &format!("{p}.mlp.linear_fc2"), h, f);

@@ -1,0 +1,169 @@
+//! `megatron-guards`: the checks a training driver runs after every backward pass (issue 19),
+//! as plain functions over host data so the driver's hook stays a few lines.
+//!
+//! * [`first_non_finite`]: in model order, the first parameter whose gradient holds a NaN or
+//!   an infinity, with its layer and how many elements are bad (one pass over the grads; the
+//!   per-parameter squared norms it returns are the ones the global grad norm needs anyway).
+//! * [`layer_grad_norms`]: per-layer gradient norms (`decoder.layers.N` grouped), for
+//!   `--log-per-layer-grad-norms`.
+//! * [`SpikeDetector`]: z-score of the loss or grad norm against a window of recent values
+//!   (`--spike-threshold`).
+//! * [`OnNan`] and [`SkipList`]: the `skip | stop | rewind` policy and the sample indices a
+//!   rewound run must skip (serialized into the checkpoint so a resumed run skips them too).
+
+use std::collections::{BTreeSet, VecDeque};
+
+/// The first parameter (in model order) with a non-finite gradient.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadGrad {
+    pub index: usize,
+    pub name: String,
+    /// `N` of `decoder.layers.N.`, `None` for embeddings, final norm and output layer.
+    pub layer: Option<usize>,
+    pub non_finite: usize,
+    pub numel: usize,
+}
+
+/// `N` of a parameter named `decoder.layers.N.…`.
+pub fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("decoder.layers.")?.split('.').next()?.parse().ok()
+}
+
+/// Squared L2 norm of every gradient (f64, fixed order) and the first non-finite one.
+pub fn first_non_finite<'a>(grads: impl IntoIterator<Item = (&'a str, &'a [f32])>) -> (Vec<f64>, Option<BadGrad>) {
+    let mut sq = Vec::new();
+    let mut bad = None;
+    for (i, (name, g)) in grads.into_iter().enumerate() {
+        let s: f64 = g.iter().map(|&x| x as f64 * x as f64).sum();
+        if bad.is_none() && !s.is_finite() {
+            let non_finite = g.iter().filter(|x| !x.is_finite()).count();
+            bad = Some(BadGrad { index: i, name: name.to_string(), layer: layer_of(name), non_finite, numel: g.len() });
+        }
+        sq.push(s);
+    }
+    (sq, bad)
+}
+
+/// `(group, norm)` per layer in first-seen order: every `decoder.layers.N.*` parameter joins
+/// group `layer N`; the others are their own group.
+pub fn layer_grad_norms<'a>(names_and_sq: impl IntoIterator<Item = (&'a str, f64)>) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for (name, sq) in names_and_sq {
+        let group = layer_of(name).map_or_else(|| name.to_string(), |l| format!("layer {l}"));
+        match out.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, acc)) => *acc += sq,
+            None => out.push((group, sq)),
+        }
+    }
+    out.into_iter().map(|(g, s)| (g, s.sqrt())).collect()
+}
+
+/// A value far outside the recent ones.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spike {
+    pub value: f64,
+    pub mean: f64,
+    pub std: f64,
+    pub z: f64,
+}
+
+/// z-score over the last `window` accepted values; needs `min_history` of them before it
+/// judges, and a spike is not added to the history (a run of spikes stays visible).
+#[derive(Clone, Debug)]
+pub struct SpikeDetector {
+    pub window: usize,
+    pub threshold: f64,
+    pub min_history: usize,
+    history: VecDeque<f64>,
+}
+
+impl SpikeDetector {
+    pub fn new(window: usize, threshold: f64) -> SpikeDetector {
+        let window = window.max(2);
+        SpikeDetector { window, threshold, min_history: (window / 2).max(2), history: VecDeque::new() }
+    }
+
+    /// Judges `value` against the history, then (if not a spike) adds it.
+    pub fn observe(&mut self, value: f64) -> Option<Spike> {
+        if !value.is_finite() {
+            return Some(Spike { value, mean: f64::NAN, std: f64::NAN, z: f64::INFINITY });
+        }
+        if self.history.len() >= self.min_history {
+            let n = self.history.len() as f64;
+            let mean = self.history.iter().sum::<f64>() / n;
+            let var = self.history.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+            // A floor on the spread: a perfectly flat history must not flag tiny changes.
+            let std = var.sqrt().max(1e-3 * mean.abs()).max(1e-12);
+            let z = (value - mean) / std;
+            if z > self.threshold {
+                return Some(Spike { value, mean, std, z });
+            }
+        }
+        if self.history.len() == self.window {
+            self.history.pop_front();
+        }
+        self.history.push_back(value);
+        None
+    }
+}
+
+/// What to do on a non-finite value or a spike (`--on-nan`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnNan {
+    /// Drop this iteration's update and go on.
+    Skip,
+    /// Stop training with the diagnosis.
+    Stop,
+    /// Reload the last checkpoint and skip the offending samples from then on.
+    Rewind,
+}
+
+impl OnNan {
+    pub fn parse(s: &str) -> Result<OnNan, String> {
+        match s {
+            "skip" => Ok(OnNan::Skip),
+            "stop" => Ok(OnNan::Stop),
+            "rewind" => Ok(OnNan::Rewind),
+            other => Err(format!("--on-nan `{other}`: expected skip, stop or rewind")),
+        }
+    }
+}
+
+/// Dataset sample indices a run must never train on again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SkipList {
+    samples: BTreeSet<u64>,
+}
+
+impl SkipList {
+    pub fn add(&mut self, samples: impl IntoIterator<Item = u64>) {
+        self.samples.extend(samples);
+    }
+
+    pub fn contains(&self, sample: u64) -> bool {
+        self.samples.contains(&sample)
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// `"[3,17]"`: the form stored in the checkpoint metadata.
+    pub fn to_json(&self) -> String {
+        let items: Vec<String> = self.samples.iter().map(u64::to_string).collect();
+        format!("[{}]", items.join(","))
+    }
+
+    pub fn from_json(s: &str) -> Result<SkipList, String> {
+        let inner = s.trim().strip_prefix('[').and_then(|r| r.strip_suffix(']')).ok_or("skip list: expected [..]")?;
+        let mut out = SkipList::default();
+        for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            out.samples.insert(part.parse().map_err(|_| format!("skip list: `{part}` is not a sample index"))?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,61 @@
+//! The guards on crafted inputs: a NaN planted in one layer's gradient is found there (and not
+//! in an earlier parameter), per-layer norms add up to the global norm, a spike stands out of
+//! a noisy history while ordinary noise does not, and the skip list survives its round trip.
+
+use megatron_guards::*;
+
+#[test]
+fn names_the_first_bad_parameter() {
+    let names = [
+        "embedding.word_embeddings.weight",
+        "decoder.layers.0.mlp.linear_fc1.weight",
+        "decoder.layers.1.self_attention.linear_qkv.weight",
+        "decoder.layers.1.mlp.linear_fc2.weight",
+    ];
+    let mut grads: Vec<Vec<f32>> = (0..4).map(|i| vec![0.5 * (i + 1) as f32; 6]).collect();
+    let (sq, bad) = first_non_finite(names.iter().copied().zip(grads.iter().map(|g| g.as_slice())));
+    assert!(bad.is_none());
+    let global: f64 = sq.iter().sum::<f64>().sqrt();
+    let per_layer = layer_grad_norms(names.iter().copied().zip(sq.iter().copied()));
+    assert_eq!(
+        per_layer.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(),
+        ["embedding.word_embeddings.weight", "layer 0", "layer 1"]
+    );
+    let back: f64 = per_layer.iter().map(|(_, n)| n * n).sum::<f64>().sqrt();
+    assert!((back - global).abs() < 1e-12);
+
+    grads[2][4] = f32::NAN;
+    grads[3][0] = f32::INFINITY; // later: not the first
+    let (_, bad) = first_non_finite(names.iter().copied().zip(grads.iter().map(|g| g.as_slice())));
+    let bad = bad.unwrap();
+    assert_eq!((bad.index, bad.layer, bad.non_finite, bad.numel), (2, Some(1), 1, 6));
+    assert_eq!(bad.name, names[2]);
+}
+
+#[test]
+fn spikes_stand_out_of_noise() {
+    let mut d = SpikeDetector::new(20, 4.0);
+    let mut x = 7u64;
+    for i in 0..200 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let noise = ((x >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.2; // ±0.1
+        let loss = 5.0 - i as f64 * 0.01 + noise;
+        assert_eq!(d.observe(loss), None, "ordinary step {i} flagged");
+    }
+    let s = d.observe(9.0).expect("a jump of +6 over a ±0.1 history");
+    assert!(s.z > 4.0);
+    assert!(d.observe(9.0).is_some(), "spikes do not enter the history");
+    assert!(d.observe(f64::NAN).is_some());
+}
+
+#[test]
+fn policies_and_skip_list() {
+    assert_eq!(OnNan::parse("rewind"), Ok(OnNan::Rewind));
+    assert!(OnNan::parse("retry").unwrap_err().contains("skip, stop or rewind"));
+    let mut s = SkipList::default();
+    s.add([17, 3, 17]);
+    assert_eq!(s.to_json(), "[3,17]");
+    let back = SkipList::from_json(&s.to_json()).unwrap();
+    assert!(back.contains(3) && back.contains(17) && back.len() == 2);
+    assert!(SkipList::from_json("[1,x]").is_err());
+}

@@ -1,0 +1,288 @@
+//! `megatron-plan`: what a training layout costs before anything is allocated (issue 19).
+//!
+//! From plain shapes and layout ([`PlanInput`]) it computes, per pipeline stage (every rank of
+//! a stage holds the same amount), the bytes of parameters, gradients, fp32 main parameters,
+//! optimizer state (sharded over data parallelism with the distributed optimizer) and the
+//! activations the schedule keeps in flight (1F1B: stage `s` of `p` holds `min(p - s, M)`
+//! microbatches; interleaved: Megatron's warm-up count of model chunks) under the recompute
+//! policy and precision, plus the logits/backward workspace ([`plan`]); the FLOPs per
+//! iteration of SPEC §6.13 ([`flops_per_iteration`]); a step time from a measured GEMM rate;
+//! and, over a memory budget, what each of recompute, a smaller micro batch, more pipeline
+//! stages and the distributed optimizer would bring ([`suggestions`]).
+//!
+//! Ranks of `megatron pretrain --nproc` are threads of one process, so the process total is
+//! the sum over ranks plus a runtime allowance, the quantity compared with peak RSS.
+
+pub mod activations;
+pub mod report;
+
+pub use activations::activation_bytes_per_microbatch_layer;
+
+/// Numeric format of parameters and activations (SPEC §6.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    /// bf16 or fp16 parameters, fp32 main grads and main parameters in the optimizer.
+    Half,
+}
+
+/// Activation recomputation (SPEC §6.9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recompute {
+    None,
+    /// `core_attn` only; our attention never stores the `T x T` scores, so this changes
+    /// nothing but is accepted.
+    Selective,
+    /// Every layer keeps only its input; one layer is recomputed at a time in backward.
+    Full,
+}
+
+/// Shapes and layout of a GPT run (the `pretrain` flags that matter for memory and time).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanInput {
+    pub num_layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    /// Query groups (GQA); `heads` without GQA.
+    pub query_groups: usize,
+    pub kv_channels: usize,
+    pub ffn: usize,
+    pub swiglu: bool,
+    pub padded_vocab: usize,
+    pub max_position_embeddings: usize,
+    /// Learned absolute positions (false for RoPE).
+    pub learned_positions: bool,
+    pub untied: bool,
+    pub seq: usize,
+    pub micro_batch: usize,
+    /// Microbatches per iteration and data-parallel rank.
+    pub num_microbatches: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub dp: usize,
+    /// Model chunks per pipeline rank (interleaved 1F1B when > 1).
+    pub virtual_pp: usize,
+    /// Optimizer state floats per parameter (Adam 2, SGD with momentum 1).
+    pub optimizer_floats: usize,
+    pub distributed_optimizer: bool,
+    pub precision: Precision,
+    pub recompute: Recompute,
+}
+
+impl PlanInput {
+    /// Parameters of one transformer layer (whole, before TP splitting).
+    pub fn layer_params(&self) -> u128 {
+        let (h, f) = (self.hidden as u128, self.ffn as u128);
+        let q = (self.heads * self.kv_channels) as u128;
+        let kv = (2 * self.query_groups * self.kv_channels) as u128;
+        let gates: u128 = if self.swiglu { 2 } else { 1 };
+        let bias = !self.swiglu; // GPT-2 style layers carry biases, Llama style do not
+        let b = |n: u128| if bias { n } else { 0 };
+        let attn = h * (q + kv) + b(q + kv) + q * h + b(h);
+        let mlp = h * f * gates + b(f * gates) + f * h + b(h);
+        let norms = if bias { 4 * h } else { 2 * h };
+        attn + mlp + norms
+    }
+
+    /// Parameters held by one rank of pipeline stage `stage` (chunks of all its virtual stages).
+    pub fn stage_params(&self, stage: usize) -> u128 {
+        let (h, v) = (self.hidden as u128, self.padded_vocab as u128);
+        let tp = self.tp as u128;
+        let layers = stage_layer_count(self.num_layers, self.pp, stage) as u128;
+        let mut p = layers * self.layer_params() / tp;
+        let first = stage == 0;
+        let last = stage + 1 == self.pp;
+        if first {
+            p += v * h / tp;
+            if self.learned_positions {
+                p += self.max_position_embeddings as u128 * h;
+            }
+        }
+        if last {
+            p += if self.swiglu { h } else { 2 * h }; // final norm
+            if self.untied || self.pp > 1 {
+                p += v * h / tp; // output layer, or the tied copy on the last stage
+            }
+        }
+        p
+    }
+}
+
+/// Layers of stage `stage` when `num_layers` are split evenly (the first stages take the rest).
+pub fn stage_layer_count(num_layers: usize, pp: usize, stage: usize) -> usize {
+    num_layers / pp + usize::from(stage < num_layers % pp)
+}
+
+/// One pipeline stage's bytes per rank.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StagePlan {
+    pub stage: usize,
+    pub layers: usize,
+    pub params: u128,
+    pub param_bytes: u128,
+    pub grad_bytes: u128,
+    pub main_param_bytes: u128,
+    pub optimizer_bytes: u128,
+    /// Microbatches (model chunks for interleaving) whose activations are held at once.
+    pub in_flight: usize,
+    pub activation_bytes: u128,
+    /// Logits and backward scratch of one microbatch.
+    pub workspace_bytes: u128,
+}
+
+impl StagePlan {
+    pub fn total(&self) -> u128 {
+        self.param_bytes
+            + self.grad_bytes
+            + self.main_param_bytes
+            + self.optimizer_bytes
+            + self.activation_bytes
+            + self.workspace_bytes
+    }
+}
+
+/// The plan of a whole run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub stages: Vec<StagePlan>,
+    /// Ranks per stage (`tp x dp`).
+    pub ranks_per_stage: usize,
+    /// Fixed allowance of the process (runtime, thread stacks, data indices).
+    pub overhead_bytes: u128,
+}
+
+impl Plan {
+    /// The process total: every rank is a thread of one process.
+    pub fn process_bytes(&self) -> u128 {
+        self.stages.iter().map(|s| s.total()).sum::<u128>() * self.ranks_per_stage as u128 + self.overhead_bytes
+    }
+
+    /// The largest per-rank total (what one GPU would have to hold).
+    pub fn max_rank_bytes(&self) -> u128 {
+        self.stages.iter().map(|s| s.total()).max().unwrap_or(0)
+    }
+}
+
+/// Activations in flight on stage `stage`: 1F1B holds `min(pp - stage, M)` microbatches;
+/// interleaved holds Megatron's warm-up chunks `(pp - stage - 1) * 2 + (v - 1) * pp + 1`
+/// (capped at `M * v`), each chunk covering `1/v` of the stage's layers.
+pub fn in_flight(input: &PlanInput, stage: usize) -> (usize, f64) {
+    let (pp, m, v) = (input.pp, input.num_microbatches.max(1), input.virtual_pp.max(1));
+    if pp == 1 {
+        return (1, 1.0);
+    }
+    if v == 1 {
+        return ((pp - stage).min(m), 1.0);
+    }
+    let chunks = ((pp - stage - 1) * 2 + (v - 1) * pp + 1).min(m * v);
+    (chunks, 1.0 / v as f64)
+}
+
+/// Plans `input` (see the crate docs).
+pub fn plan(input: &PlanInput) -> Plan {
+    let dp = input.dp.max(1) as u128;
+    let half = input.precision == Precision::Half;
+    let stages = (0..input.pp)
+        .map(|s| {
+            let params = input.stage_params(s);
+            let shard = |bytes: u128| if input.distributed_optimizer { bytes.div_ceil(dp) } else { bytes };
+            let layers = stage_layer_count(input.num_layers, input.pp, s);
+            let (flight, chunk_frac) = in_flight(input, s);
+            let per_mb = activations::stage_activation_bytes(input, layers);
+            StagePlan {
+                stage: s,
+                layers,
+                params,
+                param_bytes: params * if half { 2 } else { 4 },
+                grad_bytes: params * 4, // fp32 main grads in every precision
+                main_param_bytes: if half { shard(params * 4) } else { 0 },
+                optimizer_bytes: shard(params * 4 * input.optimizer_floats as u128),
+                in_flight: flight,
+                activation_bytes: (per_mb as f64 * flight as f64 * chunk_frac) as u128,
+                workspace_bytes: activations::workspace_bytes(input, s + 1 == input.pp),
+            }
+        })
+        .collect();
+    Plan {
+        stages,
+        ranks_per_stage: input.tp * input.dp.max(1),
+        overhead_bytes: (96 << 20) + (input.tp * input.pp * input.dp.max(1)) as u128 * (16 << 20),
+    }
+}
+
+/// FLOPs of one iteration of `samples` sequences (SPEC §6.13, dense layers, causal half).
+pub fn flops_per_iteration(input: &PlanInput, samples: usize) -> f64 {
+    let (h, s, l) = (input.hidden as f64, input.seq as f64, input.num_layers as f64);
+    let np = input.heads as f64;
+    let q_ratio = (input.kv_channels as f64 * np) / h;
+    let g = input.query_groups as f64;
+    let glu = if input.swiglu { 1.5 } else { 1.0 };
+    let attn = 12.0 * l * h * h * ((1.0 + g / np + s / (2.0 * h)) * q_ratio);
+    let mlp = 12.0 * l * h * (input.ffn as f64 * glu);
+    let logits = 6.0 * h * input.padded_vocab as f64;
+    samples as f64 * s * (mlp + attn + logits)
+}
+
+/// Predicted seconds per iteration: the iteration's FLOPs spread over `world` ranks at
+/// `gemm_flops_per_s` each (a GEMM-bound lower estimate; non-GEMM work is not counted).
+pub fn predicted_step_seconds(input: &PlanInput, gemm_flops_per_s: f64) -> f64 {
+    let samples = input.micro_batch * input.num_microbatches * input.dp.max(1);
+    let world = (input.tp * input.pp * input.dp.max(1)) as f64;
+    flops_per_iteration(input, samples) / (world * gemm_flops_per_s)
+}
+
+/// A change to the layout and the process bytes it would need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Suggestion {
+    pub change: String,
+    pub process_bytes: u128,
+    pub fits: bool,
+}
+
+/// What to change when the plan exceeds `budget` bytes (empty when it fits).
+pub fn suggestions(input: &PlanInput, budget: u128) -> Vec<Suggestion> {
+    if plan(input).process_bytes() <= budget {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut try_one = |change: String, next: PlanInput| {
+        let bytes = plan(&next).process_bytes();
+        out.push(Suggestion { change, process_bytes: bytes, fits: bytes <= budget });
+    };
+    if input.recompute != Recompute::Full {
+        try_one("--recompute-granularity full".into(), PlanInput { recompute: Recompute::Full, ..input.clone() });
+    }
+    if input.micro_batch > 1 {
+        let mb = input.micro_batch / 2;
+        let more = input.num_microbatches * input.micro_batch / mb;
+        try_one(
+            format!("--micro-batch-size {mb} (same global batch: {more} microbatches)"),
+            PlanInput { micro_batch: mb, num_microbatches: more, ..input.clone() },
+        );
+    }
+    if input.num_layers >= input.pp * 2 {
+        // With the same ranks (dp halves) the process holds fewer model replicas; with more
+        // ranks each rank holds less but the process (all ranks) holds more.
+        let pp = input.pp * 2;
+        if input.dp >= 2 && input.dp.is_multiple_of(2) {
+            let dp = input.dp / 2;
+            let m = input.num_microbatches * 2;
+            try_one(
+                format!("--pipeline-model-parallel-size {pp} with the same ranks (dp {dp}, {m} microbatches)"),
+                PlanInput { pp, dp, num_microbatches: m, ..input.clone() },
+            );
+        } else {
+            try_one(
+                format!("--pipeline-model-parallel-size {pp} (more ranks: less per rank, more per process)"),
+                PlanInput { pp, ..input.clone() },
+            );
+        }
+    }
+    if input.dp > 1 && !input.distributed_optimizer {
+        try_one("--use-distributed-optimizer".into(), PlanInput { distributed_optimizer: true, ..input.clone() });
+    }
+    if input.precision == Precision::Fp32 {
+        try_one("--bf16".into(), PlanInput { precision: Precision::Half, ..input.clone() });
+    }
+    out
+}

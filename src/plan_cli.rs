@@ -1,0 +1,114 @@
+//! `megatron plan`: the `pretrain` flags in, the planner's per-stage memory, FLOPs and step
+//! time out (the `megatron-plan` crate), without building a model. The GEMM rate is measured
+//! on the chosen backend with the threads one rank would get, unless `--gemm-gflops` is given.
+
+use crate::args::PretrainArgs;
+use crate::config::TrainConfig;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use megatron_core::Registry;
+use megatron_plan::{report, PlanInput, Precision, Recompute};
+use serde_json::json;
+
+#[derive(Args, Clone, Debug)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub pretrain: PretrainArgs,
+    /// Memory the run may use, in bytes or with a K/M/G/T suffix (default: this machine's
+    /// limit, as the memory check of `pretrain` reads it).
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// GEMM rate of one rank in GFLOP/s (default: measured on --backend now).
+    #[arg(long)]
+    pub gemm_gflops: Option<f64>,
+}
+
+/// `"24G"`, `"512M"`, `"1073741824"` → bytes (binary units).
+pub fn parse_bytes(s: &str) -> Result<u128> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u128 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let v: f64 =
+        num.trim().parse().with_context(|| format!("--memory-budget `{s}`: expected e.g. 24G, 512M or bytes"))?;
+    if !(v > 0.0 && v.is_finite()) {
+        bail!("--memory-budget `{s}` must be positive");
+    }
+    Ok((v * mult as f64) as u128)
+}
+
+/// The planner's input for the `gpt` model of `cfg`.
+pub fn plan_input(cfg: &TrainConfig, vocab_size: usize) -> Result<PlanInput> {
+    let a = &cfg.args;
+    if a.model != "gpt" {
+        bail!("megatron plan knows the shapes of the `gpt` model only (got --model {})", a.model);
+    }
+    let padded = cfg.padded_vocab(vocab_size);
+    let mut gpt: megatron_gpt::GptConfig =
+        serde_json::from_value(cfg.model_config(vocab_size)).context("model flags do not form a GPT config")?;
+    gpt.padded_vocab_size = Some(padded);
+    let heads = gpt.num_attention_heads;
+    let recompute = match a.recompute_granularity.as_deref() {
+        Some("full") => Recompute::Full,
+        Some(_) => Recompute::Selective,
+        None if a.recompute_activations => Recompute::Selective,
+        None => Recompute::None,
+    };
+    Ok(PlanInput {
+        num_layers: gpt.num_layers,
+        hidden: gpt.hidden_size,
+        heads,
+        query_groups: gpt.num_query_groups.unwrap_or(heads),
+        kv_channels: gpt.kv_channels.unwrap_or(gpt.hidden_size / heads.max(1)),
+        ffn: gpt.ffn_hidden_size(),
+        swiglu: gpt.swiglu,
+        padded_vocab: padded,
+        max_position_embeddings: gpt.max_position_embeddings,
+        learned_positions: !gpt.uses_rope(),
+        untied: gpt.untie_embeddings_and_output_weights,
+        seq: a.seq_length,
+        micro_batch: a.micro_batch_size,
+        num_microbatches: cfg.num_microbatches,
+        tp: a.tensor_model_parallel_size.max(1),
+        pp: a.pipeline_model_parallel_size.max(1),
+        dp: cfg.data_parallel_size.max(1),
+        virtual_pp: 1,
+        optimizer_floats: if a.optimizer == "sgd" { 1 } else { 2 },
+        distributed_optimizer: a.use_distributed_optimizer,
+        precision: if a.bf16 || a.fp16 { Precision::Half } else { Precision::Fp32 },
+        recompute,
+    })
+}
+
+pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
+    let a = &args.pretrain;
+    let cfg = TrainConfig::from_args(a, a.nproc)?;
+    let vocab_size = match (&cfg.tokenizer_type, a.tokenizer.vocab_size) {
+        (Some(t), _) => registry
+            .tokenizer(t, cfg.tokenizer_config())
+            .with_context(|| format!("building tokenizer {t} (for the vocabulary size)"))?
+            .vocab_size(),
+        (None, Some(v)) => v,
+        (None, None) => bail!("--mock-data without --tokenizer-type needs --vocab-size"),
+    };
+    let input = plan_input(&cfg, vocab_size)?;
+    let budget = match &args.memory_budget {
+        Some(s) => parse_bytes(s)?,
+        None => crate::train::memory::machine_memory().map_or(u128::MAX, |m| m.limit),
+    };
+    let world = input.tp * input.pp * input.dp;
+    let rate = match args.gemm_gflops {
+        Some(g) => g * 1e9,
+        None => {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let backend = registry.backend(&a.backend, json!({ "threads": (cores / world).max(1) }))?;
+            crate::bench::gemm_gflops(backend.as_ref(), 512, 512, 512, (false, true))? * 1e9
+        }
+    };
+    print!("{}", report::render(&input, Some(rate), budget));
+    Ok(())
+}
