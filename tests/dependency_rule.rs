@@ -1,7 +1,8 @@
 //! ARCHITECTURE.md's dependency rule, read from `cargo metadata`: `core` depends on no
 //! workspace crate; kernels, tokenizers, datasets and plugins depend on `core` only (a
 //! dev-dependency on a backend for tests is allowed); models depend on `core` and
-//! `models/transformer`; the serving engine under the CLI may use the GPT model; only the `megatron` package depends on everything.
+//! `models/transformer`; the serving engine under the CLI may use the GPT model; only the
+//! `megatron` package depends on everything.
 
 use serde_json::Value;
 use std::process::Command;

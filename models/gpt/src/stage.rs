@@ -12,7 +12,7 @@ use crate::model::GptModel;
 use anyhow::{bail, Context, Result};
 use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
 use megatron_transformer::sequence_parallel::{gather_from_sp_region, reduce_scatter_to_sp_region};
-use megatron_transformer::step::{copy_any, ensure_buffer, ensure_shape};
+use megatron_transformer::step::{copy_any, ensure_buffer};
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
 use megatron_transformer::{linear_backward, linear_forward, SavedActivations, StepInfo};
 
