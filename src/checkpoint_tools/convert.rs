@@ -193,5 +193,5 @@ fn write_megatron(
 fn export_hf(native: &Path, step: Option<u64>, out: &Path, registry: &Registry) -> Result<()> {
     let load = crate::generate::LoadArgs { load: native.to_path_buf(), ckpt_step: step, ..Default::default() };
     let load = crate::generate::LoadArgs { backend: "cpu".into(), ..load };
-    crate::hf::export::run(&crate::hf::export::ExportHfArgs { load, out: out.to_path_buf() }, registry)
+    crate::hf::export::run(&crate::hf::export::ExportHfArgs { load, out: out.to_path_buf(), dtype: None }, registry)
 }
