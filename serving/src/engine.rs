@@ -332,6 +332,9 @@ impl Engine {
         }
         let mut rows: Vec<usize> = (0..self.slots.len()).filter(|&s| self.slots[s].is_some()).collect();
         if rows.is_empty() {
+            // The last sequences were cancelled: /health must show the freed slots now (the
+            // idle loop does not step again until a request arrives).
+            self.stats.active.store(0, Ordering::SeqCst);
             return;
         }
         self.stats.steps.fetch_add(1, Ordering::SeqCst);
