@@ -130,6 +130,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tokenizer { command } => crate::tools::tokenizer_train::run(&command),
         #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
         Command::Checkpoint { command } => crate::checkpoint_tools::run(&command, &registry),
+        #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
         Command::Eval(args) => crate::eval_cli::run(&args, &registry),
         #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
         Command::Plan(args) => crate::plan_cli::run(&args, &registry),
