@@ -21,8 +21,9 @@ for i in $(seq "$RUNS"); do
   timeout 120 $MPIRUN -np 2 "$B" pretrain $F >"$T/out" 2>&1 &
   job=$!
   sleep 3
-  victim=$(pgrep -f "^[^ ]*megatron-mpi pretrain|^[^ ]*megatron pretrain" | tail -1)
-  [ -z "$victim" ] && victim=$(pgrep -f "$B pretrain" | tail -1)
+  # A rank of this job: the binary exactly as launched (never another megatron on the machine).
+  victim=$(pgrep -f "^$B pretrain" | tail -1)
+  [ -z "$victim" ] && victim=$(pgrep -f "^[^ ]*megatron-mpi pretrain" | tail -1)
   kill -9 "$victim" 2>/dev/null
   wait $job; rc=$?; secs=$(( $(date +%s) - start ))
   if [ $rc != 0 ] && [ $rc != 124 ] && grep -qE "rank [0-9]+.*(signal 9|Killed|failed|never arrived)|(signal 9|Killed).*rank [0-9]+|process rank [0-9]+" "$T/out"; then
