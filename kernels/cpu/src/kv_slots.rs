@@ -5,6 +5,9 @@
 //! fixed summation order), with the cache row and the causal limit taken per row.
 
 use crate::check::{f32s, f32s_mut, numel};
+// The unslotted kernel's dot product: one summation order, so a slot decodes bit-identically
+// to a one-row cache.
+use crate::kv_attention::dot;
 use megatron_core::anyhow::bail;
 use megatron_core::{DeviceTensor, KvCacheAttentionSpec, Result};
 use rayon::prelude::*;
@@ -101,19 +104,4 @@ pub fn attention_kv_cache_slots(
         }
     });
     Ok(())
-}
-
-/// `Σ a·b` with eight independent accumulators (the same order as the unslotted kernel, so a
-/// slot decodes bit-identically to a one-row cache).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
