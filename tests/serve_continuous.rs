@@ -59,7 +59,7 @@ fn run_engine(waves: Vec<Vec<SeqRequest>>, slots: usize) -> Vec<Vec<i32>> {
     let mut done = 0;
     for wave in waves {
         for req in wave {
-            let s = Submit { req, tag: n, events: tx.clone(), cancel: Arc::new(AtomicBool::new(false)) };
+            let s = Submit { req, tag: n, events: tx.clone(), cancel: Arc::new(AtomicBool::new(false)), unread: None };
             handle.submit(s).unwrap();
             n += 1;
         }
@@ -342,4 +342,72 @@ fn static_batching_still_serves_put_api() {
     let srv = server(64, ServeOptions::default());
     assert_eq!(post(srv.addr(), "/api", greedy).1["tokens"], st["tokens"]);
     srv.shutdown();
+}
+
+#[test]
+fn a_slow_consumer_pauses_only_its_own_sequence() {
+    use megatron_serving::engine::MAX_UNREAD_EVENTS;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut m = model();
+    let cfg = EngineConfig { max_batch_size: 2, ..EngineConfig::default() };
+    let (handle, eng) = engine(&m, 64, &cfg).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let t = std::thread::spawn(move || eng.run(&mut m, &s2));
+    // A consumer that reads nothing (its own channel) and one that drains (another channel).
+    let (slow_tx, slow_rx) = channel();
+    let unread = Arc::new(AtomicUsize::new(0));
+    let slow = Submit {
+        req: SeqRequest::greedy(vec![1, 2], 60),
+        tag: 0,
+        events: slow_tx,
+        cancel: Arc::new(AtomicBool::new(false)),
+        unread: Some(unread.clone()),
+    };
+    handle.submit(slow).unwrap();
+    let (tx, rx) = channel();
+    let fast = Submit {
+        req: SeqRequest::greedy(vec![3, 4], 50),
+        tag: 1,
+        events: tx,
+        cancel: Arc::new(AtomicBool::new(false)),
+        unread: Some(Arc::new(AtomicUsize::new(0))),
+    };
+    // The fast consumer tells the loop of every event it takes.
+    let fast_unread = fast.unread.clone().unwrap();
+    handle.submit(fast).unwrap();
+    let mut fast_tokens = 0;
+    loop {
+        match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+            (_, Event::Token { .. }) => fast_tokens += 1,
+            (_, Event::Done(_)) => break,
+            (_, e) => panic!("{e:?}"),
+        }
+        Submit::taken(&fast_unread);
+    }
+    assert_eq!(fast_tokens, 50, "the other sequence ran to its end");
+    // The slow sequence stopped at the bound, holding its slot.
+    assert_eq!(unread.load(Ordering::SeqCst), MAX_UNREAD_EVENTS);
+    let held: Vec<_> = slow_rx.try_iter().collect();
+    assert_eq!(held.len(), MAX_UNREAD_EVENTS);
+    // (the gauge is published at the end of the step that sent the fast one's Done)
+    let t0 = Instant::now();
+    while handle.stats.active.load(Ordering::SeqCst) != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "active stays {:?}", handle.stats.active);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Reading on lets it finish with all its tokens.
+    held.iter().for_each(|_| Submit::taken(&unread));
+    let mut tokens = held.len();
+    loop {
+        match slow_rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+            (_, Event::Token { .. }) => tokens += 1,
+            (_, Event::Done(_)) => break,
+            (_, e) => panic!("{e:?}"),
+        }
+        Submit::taken(&unread);
+    }
+    assert_eq!(tokens, 60);
+    stop.store(true, Ordering::SeqCst);
+    t.join().unwrap();
 }

@@ -9,7 +9,7 @@ use crate::text::TextStream;
 use megatron_core::Tokenizer;
 use serde_json::{json, Value};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,9 +51,11 @@ pub fn run_seqs(
     let (tx, rx) = channel();
     let n = reqs.len();
     let cancels: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let unread: Vec<Arc<AtomicUsize>> = (0..n).map(|_| Arc::new(AtomicUsize::new(0))).collect();
     let cancel_all = |c: &[Arc<AtomicBool>]| c.iter().for_each(|f| f.store(true, Ordering::SeqCst));
     for (tag, req) in reqs.into_iter().enumerate() {
-        let s = Submit { req, tag, events: tx.clone(), cancel: cancels[tag].clone() };
+        let s =
+            Submit { req, tag, events: tx.clone(), cancel: cancels[tag].clone(), unread: Some(unread[tag].clone()) };
         if let Err(e) = engine.submit(s) {
             cancel_all(&cancels);
             return Err(match e {
@@ -71,6 +73,7 @@ pub fn run_seqs(
     while open > 0 {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok((tag, ev)) => {
+                Submit::taken(&unread[tag]);
                 if matches!(ev, Event::Done(_) | Event::Error(_)) {
                     open -= 1;
                 }

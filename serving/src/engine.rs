@@ -12,7 +12,11 @@
 //!
 //! Back-pressure: the queue in front of the loop is bounded ([`EngineConfig::queue_limit`]);
 //! [`EngineHandle::submit`] refuses instead of growing it (the server answers 429), and the
-//! loop takes from it only when a slot is free.
+//! loop takes from it only when a slot is free. Behind the loop, a sequence whose consumer has
+//! not yet taken [`MAX_UNREAD_EVENTS`] of its events is not decoded until it catches up
+//! ([`Submit::unread`]): a slow client pauses only its own sequence, its events never pile up
+//! without bound, and a client that went away is noticed (a failed write) before its sequence
+//! can run on to its `max_tokens`.
 
 use crate::sampling::{log_prob, sample, SamplingParams};
 use anyhow::{bail, Result};
@@ -90,6 +94,10 @@ pub enum Event {
     Error(String),
 }
 
+/// Events a sequence may have sent that its consumer has not taken yet; beyond it the loop
+/// skips the sequence's decode steps until the consumer catches up.
+pub const MAX_UNREAD_EVENTS: usize = 32;
+
 /// A sequence handed to the loop: where its events go and a flag that cancels it.
 pub struct Submit {
     pub req: SeqRequest,
@@ -97,11 +105,27 @@ pub struct Submit {
     pub tag: usize,
     pub events: Sender<(usize, Event)>,
     pub cancel: Arc<AtomicBool>,
+    /// Read-ahead bound: the loop adds one per event sent and the consumer subtracts one per
+    /// event taken ([`Submit::taken`]). `None`: the consumer drains at once, no bound.
+    pub unread: Option<Arc<AtomicUsize>>,
 }
 
 impl Submit {
     fn send(&self, ev: Event) -> Result<(), std::sync::mpsc::SendError<(usize, Event)>> {
+        if let Some(u) = &self.unread {
+            u.fetch_add(1, Ordering::SeqCst);
+        }
         self.events.send((self.tag, ev))
+    }
+
+    /// Whether the consumer is so far behind that decoding must wait for it.
+    fn behind(&self) -> bool {
+        self.unread.as_ref().is_some_and(|u| u.load(Ordering::SeqCst) >= MAX_UNREAD_EVENTS)
+    }
+
+    /// The consumer's side of [`Submit::unread`]: call once per event received.
+    pub fn taken(unread: &AtomicUsize) {
+        let _ = unread.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 }
 
@@ -330,11 +354,16 @@ impl Engine {
                 self.retire(slot);
             }
         }
-        let mut rows: Vec<usize> = (0..self.slots.len()).filter(|&s| self.slots[s].is_some()).collect();
+        let mut rows: Vec<usize> =
+            (0..self.slots.len()).filter(|&s| self.slots[s].as_ref().is_some_and(|q| !q.sub.behind())).collect();
         if rows.is_empty() {
             // The last sequences were cancelled: /health must show the freed slots now (the
             // idle loop does not step again until a request arrives).
-            self.stats.active.store(0, Ordering::SeqCst);
+            self.stats.active.store(self.active(), Ordering::SeqCst);
+            if self.active() > 0 {
+                // Every sequence waits for its consumer: do not spin.
+                std::thread::sleep(Duration::from_millis(1));
+            }
             return;
         }
         self.stats.steps.fetch_add(1, Ordering::SeqCst);
