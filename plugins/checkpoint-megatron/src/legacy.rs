@@ -115,7 +115,7 @@ impl LegacyCheckpoint {
 }
 
 /// `model` (one chunk) or `model0`, `model1`, … (virtual pipeline chunks), in chunk order.
-fn model_chunks<'a>(root: &'a Value, path: &Path) -> Result<Vec<(usize, &'a Value)>> {
+pub(crate) fn model_chunks<'a>(root: &'a Value, path: &Path) -> Result<Vec<(usize, &'a Value)>> {
     if let Some(m) = root.get("model") {
         return Ok(vec![(0, m)]);
     }

@@ -5,6 +5,7 @@
 //! (`opt_param_scheduler` has exactly the fields megatron-rs's schedule stores).
 
 use crate::legacy::LegacyCheckpoint;
+use crate::optim_read::FullOptimizerState;
 use crate::torchzip::TensorData;
 use crate::value::{TorchDType, Value};
 use anyhow::{bail, Context, Result};
@@ -105,4 +106,19 @@ pub fn run_state(ck: &LegacyCheckpoint, padded_vocab: usize) -> RunState {
             .and_then(Value::as_f64)
             .unwrap_or(0.0),
     }
+}
+
+/// The optimizer tensors of `full` as megatron-rs names them (`{param}.{state}`), vocabulary
+/// tensors' states at `padded_vocab` rows like their parameters.
+pub fn optimizer_tensors(full: &FullOptimizerState, padded_vocab: usize) -> Result<Vec<(String, TensorData)>> {
+    let mut out = Vec::with_capacity(full.tensors.len());
+    for ((param, state), t) in &full.tensors {
+        let t = if matches!(param.as_str(), "embedding.word_embeddings.weight" | "output_layer.weight") {
+            resize_vocab(t, padded_vocab).with_context(|| format!("optimizer `{param}.{state}`"))?
+        } else {
+            t.clone()
+        };
+        out.push((format!("{param}.{state}"), t));
+    }
+    Ok(out)
 }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The model shape and parallel layout a checkpoint's `args` describe.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Shape {
     pub tp: usize,
     pub pp: usize,
@@ -147,6 +147,22 @@ fn from_legacy_model_name(key: &str) -> String {
         .replace("decoder.final_norm.", "decoder.final_layernorm.")
 }
 
+/// Megatron-Core's (local-spec) name of `key`: pre-Core names translated, and the norms that
+/// Transformer Engine fuses into the next linear layer (`linear_qkv.layer_norm_weight`; also
+/// what `torch_dist` checkpoints call them) given their own modules again.
+pub fn normalize_name(key: &str) -> String {
+    let k = if key.starts_with("language_model.") { from_legacy_model_name(key) } else { key.to_string() };
+    k.replace(".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight")
+        .replace(".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias")
+        .replace(".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight")
+        .replace(".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias")
+}
+
+/// Whether `name` (full, megatron-rs) is a GPT tensor megatron-rs knows how to place.
+pub fn is_known(name: &str) -> Result<()> {
+    kind(name).map(|_| ())
+}
+
 /// The global megatron-rs name of stage-local `key` (pipeline stage `pp_rank`, virtual chunk
 /// `chunk`), or `None` for entries that are not parameters of the full model (Transformer
 /// Engine `_extra_state`, the last stage's copy of a tied embedding).
@@ -154,13 +170,7 @@ pub fn local_to_global(key: &str, s: &Shape, pp_rank: usize, chunk: usize) -> Re
     if key.ends_with("_extra_state") {
         return Ok(None);
     }
-    let mut k = if key.starts_with("language_model.") { from_legacy_model_name(key) } else { key.to_string() };
-    // Transformer Engine fuses the pre-attention / pre-MLP norms into the next linear layer.
-    k = k
-        .replace(".self_attention.linear_qkv.layer_norm_weight", ".input_layernorm.weight")
-        .replace(".self_attention.linear_qkv.layer_norm_bias", ".input_layernorm.bias")
-        .replace(".mlp.linear_fc1.layer_norm_weight", ".pre_mlp_layernorm.weight")
-        .replace(".mlp.linear_fc1.layer_norm_bias", ".pre_mlp_layernorm.bias");
+    let mut k = normalize_name(key);
     if k == "output_layer.weight" && !s.untied {
         return Ok(None);
     }

@@ -47,10 +47,14 @@ impl TensorData {
     }
 }
 
+/// What a [`TorchFile`] reads from: a file, or bytes held in memory (a `.distcp` item).
+trait ReadSeek: Read + Seek {}
+impl<T: Read + Seek> ReadSeek for T {}
+
 /// An opened `torch.save` archive and its decoded pickle.
 pub struct TorchFile {
     path: PathBuf,
-    archive: RefCell<zip::ZipArchive<File>>,
+    archive: RefCell<zip::ZipArchive<Box<dyn ReadSeek>>>,
     prefix: String,
     file_len: u64,
     pub root: Value,
@@ -85,7 +89,17 @@ impl TorchFile {
     pub fn open(path: &Path) -> Result<TorchFile> {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
         let file_len = file.metadata().with_context(|| format!("cannot stat {}", path.display()))?.len();
-        let mut archive = zip::ZipArchive::new(file).map_err(|e| {
+        Self::from_reader(Box::new(file), file_len, path)
+    }
+
+    /// Decodes a `torch.save` archive held in memory; `source` names it in errors.
+    pub fn from_bytes(bytes: Vec<u8>, source: &Path) -> Result<TorchFile> {
+        let len = bytes.len() as u64;
+        Self::from_reader(Box::new(std::io::Cursor::new(bytes)), len, source)
+    }
+
+    fn from_reader(reader: Box<dyn ReadSeek>, file_len: u64, path: &Path) -> Result<TorchFile> {
+        let mut archive = zip::ZipArchive::new(reader).map_err(|e| {
             anyhow!(
                 "{} is not a PyTorch zip checkpoint ({e}); files from torch < 1.6 \
                  (`_use_new_zipfile_serialization=False`) must be re-saved with a current torch",

@@ -62,6 +62,24 @@ impl TorchDType {
         }
     }
 
+    /// The dtype `torch.<name>` names (`float32`, `bfloat16`, …).
+    pub fn from_dtype_name(name: &str) -> Option<TorchDType> {
+        [
+            TorchDType::F64,
+            TorchDType::F32,
+            TorchDType::F16,
+            TorchDType::BF16,
+            TorchDType::I64,
+            TorchDType::I32,
+            TorchDType::I16,
+            TorchDType::I8,
+            TorchDType::U8,
+            TorchDType::Bool,
+        ]
+        .into_iter()
+        .find(|d| d.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             TorchDType::F64 => "float64",

@@ -27,6 +27,8 @@ pub enum Out {
     /// `torch.<dtype>` (e.g. `params_dtype`).
     TorchDType(&'static str),
     Tensor(TensorData),
+    /// A dict with integer keys (torch's optimizer `state`).
+    IntDict(Vec<(i64, Out)>),
 }
 
 impl Out {
@@ -122,6 +124,17 @@ impl Pickler {
                 self.out.push(b't');
             }
             Out::Dict(items) => self.dict(items),
+            Out::IntDict(items) => {
+                self.out.push(b'}');
+                if !items.is_empty() {
+                    self.out.push(b'(');
+                    for (k, v) in items {
+                        self.int(*k);
+                        self.value(v);
+                    }
+                    self.out.push(b'u');
+                }
+            }
             Out::Namespace(items) => {
                 self.global("argparse", "Namespace");
                 self.out.extend_from_slice(b")\x81");

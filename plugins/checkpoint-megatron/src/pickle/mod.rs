@@ -1,7 +1,7 @@
 //! A safe unpickler for the pickles `torch.save` writes (protocols 2–5).
 //!
 //! It is a data decoder, not Python's virtual machine: opcodes build plain containers and
-//! scalars; `GLOBAL` is resolved against a small allow-list ([`resolve_global`]) and a call
+//! scalars; `GLOBAL` is resolved against a small allow-list (`globals::resolve_global`) and a call
 //! (`REDUCE`/`NEWOBJ`) of an allowed global builds an inert [`Value`] (a tensor reference, an
 //! ordered dict, a `Namespace` record). Any other global is refused with an error naming it.
 //!
@@ -9,9 +9,17 @@
 //! is allocated, the stack and memo grow by at most one entry per opcode, and the final tree is
 //! built under a node budget and depth limit, so a shared-reference "bomb" or a cycle is an
 //! error rather than an exhaustion.
+//!
+//! Files: this one holds the opcode loop; [`objects`] the working objects and the frozen
+//! output; [`globals`] the allow-list and the constructors it emulates.
 
-use crate::value::{StorageRef, TensorRef, TorchDType, Value};
+mod globals;
+mod objects;
+
+use crate::value::Value;
 use anyhow::{anyhow, bail, Result};
+use globals::{long_value, storage_from_pid};
+use objects::{freeze, leaf, Obj};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -21,82 +29,6 @@ pub const MAX_NODES: usize = 20_000_000;
 /// Deepest nesting of the output tree.
 pub const MAX_DEPTH: usize = 200;
 
-/// A class instance under construction (`argparse.Namespace`, enum members, numpy records).
-struct Instance {
-    class: String,
-    args: Vec<Obj>,
-    state: Obj,
-}
-
-/// The unpickler's working objects: containers are shared and mutable, as in Python, because
-/// pickles fill a dict *after* memoizing it.
-#[derive(Clone)]
-enum Obj {
-    Leaf(Rc<Value>),
-    List(Rc<RefCell<Vec<Obj>>>),
-    Tuple(Rc<Vec<Obj>>),
-    Dict(Rc<RefCell<Vec<(Obj, Obj)>>>),
-    Instance(Rc<RefCell<Instance>>),
-}
-
-fn leaf(v: Value) -> Obj {
-    Obj::Leaf(Rc::new(v))
-}
-
-/// What an allowed global is: a constructor we emulate, or a plain value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum GlobalKind {
-    OrderedDict,
-    RebuildTensorV2,
-    RebuildTensor,
-    RebuildParameter,
-    CodecsEncode,
-    Set,
-    Bytearray,
-    TorchSize,
-    /// A class whose instances we keep as inert records (Namespace, enums, numpy).
-    Record,
-    /// A value (dtype, storage class): not callable.
-    Value,
-}
-
-/// The allow-list. Everything else in a pickle is refused.
-fn resolve_global(module: &str, name: &str) -> Option<GlobalKind> {
-    use GlobalKind::*;
-    Some(match (module, name) {
-        ("collections", "OrderedDict") => OrderedDict,
-        ("torch._utils", "_rebuild_tensor_v2") => RebuildTensorV2,
-        ("torch._utils", "_rebuild_tensor") => RebuildTensor,
-        ("torch._utils", "_rebuild_parameter") | ("torch._utils", "_rebuild_parameter_with_state") => RebuildParameter,
-        ("_codecs", "encode") => CodecsEncode,
-        ("builtins", "set") | ("builtins", "frozenset") | ("__builtin__", "set") => Set,
-        ("builtins", "bytearray") | ("__builtin__", "bytearray") => Bytearray,
-        ("torch", "Size") => TorchSize,
-        ("argparse", "Namespace") => Record,
-        // `args.exit_signal` is a `signal.Signals` member.
-        ("signal", "Signals") => Record,
-        ("numpy.core.multiarray", "_reconstruct")
-        | ("numpy._core.multiarray", "_reconstruct")
-        | ("numpy.core.multiarray", "scalar")
-        | ("numpy._core.multiarray", "scalar")
-        | ("numpy", "ndarray")
-        | ("numpy", "dtype") => Record,
-        ("torch", n) if TorchDType::from_storage_class(n).is_some() => Value,
-        ("torch", n) if is_torch_dtype(n) => Value,
-        // Megatron's enums (AttnBackend, ModelType, RerunMode …) as they appear in `args`.
-        (m, _) if m.starts_with("megatron.") && (m.ends_with(".enums") || m.ends_with("rerun_state_machine")) => Record,
-        _ => return None,
-    })
-}
-
-fn is_torch_dtype(n: &str) -> bool {
-    matches!(
-        n,
-        "float32" | "float16" | "bfloat16" | "float64" | "int64" | "int32" | "int16" | "int8" | "uint8" | "bool"
-    )
-}
-
-/// Decodes `data` (a whole `data.pkl`). `source` names the file in errors.
 pub fn unpickle(data: &[u8], source: &str) -> Result<Value> {
     let mut m = Machine { data, pos: 0, stack: Vec::new(), marks: Vec::new(), memo: HashMap::new() };
     let out = m.run().map_err(|e| anyhow!("{source}: {e}"))?;
@@ -435,257 +367,4 @@ impl<'a> Machine<'a> {
             }
         }
     }
-
-    fn global(&self, module: String, name: String) -> Result<Obj> {
-        match resolve_global(&module, &name) {
-            Some(_) => Ok(leaf(Value::Global { module, name })),
-            None => bail!(
-                "refusing global `{module}.{name}`: megatron-rs only rebuilds tensors, plain containers and \
-                 argparse/enum records from checkpoints and never runs code; re-save the checkpoint without \
-                 this object"
-            ),
-        }
-    }
-
-    fn append(&mut self, items: Vec<Obj>, at: usize) -> Result<()> {
-        match self.top()? {
-            Obj::List(l) => {
-                l.borrow_mut().extend(items);
-                Ok(())
-            }
-            _ => bail!("APPEND(S) at byte {at} on something that is not a list"),
-        }
-    }
-
-    fn set_items(&mut self, items: Vec<Obj>, at: usize) -> Result<()> {
-        let target = self.top()?.clone();
-        let dict = match &target {
-            Obj::Dict(d) => d.clone(),
-            // OrderedDict / Namespace records are filled like dicts into their state.
-            Obj::Instance(i) => match &i.borrow().state {
-                Obj::Dict(d) => d.clone(),
-                _ => bail!("SETITEM(S) at byte {at} on a record without a dict state"),
-            },
-            _ => bail!("SETITEM(S) at byte {at} on something that is not a dict"),
-        };
-        let mut it = items.into_iter();
-        let mut d = dict.borrow_mut();
-        while let (Some(k), Some(v)) = (it.next(), it.next()) {
-            d.push((k, v));
-        }
-        Ok(())
-    }
-
-    fn call(&self, callable: &Obj, args: Vec<Obj>) -> Result<Obj> {
-        let (module, name) = match callable {
-            Obj::Leaf(v) => match &**v {
-                Value::Global { module, name } => (module.clone(), name.clone()),
-                other => bail!("call of a {} (only allowed globals are callable)", other.kind()),
-            },
-            _ => bail!("call of a container (only allowed globals are callable)"),
-        };
-        let kind = resolve_global(&module, &name).ok_or_else(|| anyhow!("global `{module}.{name}` not allowed"))?;
-        let frozen = || -> Result<Vec<Value>> {
-            let mut budget = 1_000_000;
-            args.iter().map(|a| freeze(a, 0, &mut budget)).collect()
-        };
-        Ok(match kind {
-            GlobalKind::OrderedDict => {
-                let d = Obj::Dict(Rc::default());
-                if let Some(Obj::List(pairs)) = args.first() {
-                    for p in pairs.borrow().iter() {
-                        if let Obj::Tuple(kv) = p {
-                            if let [k, v] = kv.as_slice() {
-                                if let Obj::Dict(dd) = &d {
-                                    dd.borrow_mut().push((k.clone(), v.clone()));
-                                }
-                            }
-                        }
-                    }
-                }
-                d
-            }
-            GlobalKind::RebuildTensorV2 | GlobalKind::RebuildTensor => {
-                leaf(Value::Tensor(tensor_from_args(&frozen()?)?))
-            }
-            GlobalKind::RebuildParameter => {
-                args.into_iter().next().ok_or_else(|| anyhow!("_rebuild_parameter without arguments"))?
-            }
-            GlobalKind::CodecsEncode => {
-                let a = frozen()?;
-                match a.first() {
-                    Some(Value::Str(s)) => leaf(Value::Bytes(s.chars().map(|c| c as u32 as u8).collect())),
-                    _ => bail!("_codecs.encode expects a string"),
-                }
-            }
-            GlobalKind::Set | GlobalKind::TorchSize => match args.into_iter().next() {
-                Some(Obj::List(l)) => Obj::List(l),
-                Some(Obj::Tuple(t)) => Obj::Tuple(t),
-                None => Obj::List(Rc::default()),
-                Some(_) => bail!("{module}.{name} expects a sequence"),
-            },
-            GlobalKind::Bytearray => {
-                let a = frozen()?;
-                match a.first() {
-                    Some(Value::Bytes(b)) => leaf(Value::Bytes(b.clone())),
-                    Some(Value::Str(s)) => leaf(Value::Bytes(s.chars().map(|c| c as u32 as u8).collect())),
-                    None => leaf(Value::Bytes(Vec::new())),
-                    _ => bail!("bytearray expects bytes"),
-                }
-            }
-            GlobalKind::Record => {
-                let class = format!("{module}.{name}");
-                // A Namespace's attributes arrive by BUILD or SETITEMS: start from an empty dict.
-                let state = if name == "Namespace" { Obj::Dict(Rc::default()) } else { leaf(Value::None) };
-                Obj::Instance(Rc::new(RefCell::new(Instance { class, args, state })))
-            }
-            GlobalKind::Value => bail!("`{module}.{name}` is a value, not a constructor"),
-        })
-    }
-
-    fn build(&self, target: &Obj, state: Obj, at: usize) -> Result<()> {
-        match target {
-            Obj::Instance(i) => {
-                let mut inst = i.borrow_mut();
-                // Namespace: the state is its attribute dict; merge into what SETITEMS filled.
-                if let (Obj::Dict(old), Obj::Dict(new)) = (&inst.state, &state) {
-                    if !Rc::ptr_eq(old, new) {
-                        let extra = new.borrow().clone();
-                        old.borrow_mut().extend(extra);
-                    }
-                    return Ok(());
-                }
-                inst.state = state;
-                Ok(())
-            }
-            // An OrderedDict's BUILD state is its instance `__dict__` (a state dict's
-            // `_metadata` with module versions), not items: dropped.
-            Obj::Dict(_) => Ok(()),
-            // `_rebuild_parameter_with_state` / tensor subclasses may BUILD extra attributes.
-            Obj::Leaf(v) if matches!(**v, Value::Tensor(_)) => Ok(()),
-            _ => bail!("BUILD at byte {at} on a value that has no state"),
-        }
-    }
-}
-
-/// A Python `int` from LONG1/LONG4 little-endian two's complement bytes.
-fn long_value(bytes: &[u8]) -> Value {
-    if bytes.is_empty() {
-        return Value::Int(0);
-    }
-    if bytes.len() <= 8 {
-        let neg = bytes[bytes.len() - 1] & 0x80 != 0;
-        let mut b = [if neg { 0xff } else { 0 }; 8];
-        b[..bytes.len()].copy_from_slice(bytes);
-        return Value::Int(i64::from_le_bytes(b));
-    }
-    Value::BigInt(bytes.to_vec())
-}
-
-/// `('storage', torch.FloatStorage, key, location, numel)`.
-fn storage_from_pid(pid: &Value) -> Result<StorageRef> {
-    let parts = match pid {
-        Value::Tuple(p) => p,
-        other => bail!("persistent id is a {}, expected a ('storage', type, key, location, numel) tuple", other.kind()),
-    };
-    match parts.as_slice() {
-        [Value::Str(tag), Value::Global { module, name }, key, _location, Value::Int(numel)]
-            if tag == "storage" && module == "torch" =>
-        {
-            let dtype =
-                TorchDType::from_storage_class(name).ok_or_else(|| anyhow!("unsupported storage type torch.{name}"))?;
-            let key = match key {
-                Value::Str(s) => s.clone(),
-                Value::Int(i) => i.to_string(),
-                other => bail!("storage key is a {}", other.kind()),
-            };
-            if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                bail!("storage key {key:?} is not a plain name");
-            }
-            if *numel < 0 {
-                bail!("storage {key} has a negative size {numel}");
-            }
-            Ok(StorageRef { key, dtype, numel: *numel as u64 })
-        }
-        _ => bail!("persistent id {pid} is not a ('storage', torch.<Type>Storage, key, location, numel) tuple"),
-    }
-}
-
-fn usize_list(v: &Value, what: &str) -> Result<Vec<u64>> {
-    let items = v.elements().ok_or_else(|| anyhow!("tensor {what} is a {}, expected a tuple", v.kind()))?;
-    items
-        .iter()
-        .map(|x| match x {
-            Value::Int(i) if *i >= 0 => Ok(*i as u64),
-            other => bail!("tensor {what} holds {other}, expected non-negative integers"),
-        })
-        .collect()
-}
-
-/// `_rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks, …)`.
-fn tensor_from_args(args: &[Value]) -> Result<TensorRef> {
-    let [storage, offset, size, stride, ..] = args else {
-        bail!("_rebuild_tensor_v2 with {} arguments (expected at least 4)", args.len());
-    };
-    let storage = match storage {
-        Value::Storage(s) => s.clone(),
-        other => bail!("_rebuild_tensor_v2's first argument is a {}, expected a storage", other.kind()),
-    };
-    let offset = match offset {
-        Value::Int(i) if *i >= 0 => *i as u64,
-        other => bail!("tensor storage offset {other} is not a non-negative integer"),
-    };
-    let shape = usize_list(size, "size")?;
-    let stride = usize_list(stride, "stride")?;
-    if shape.len() != stride.len() {
-        bail!("tensor size {shape:?} and stride {stride:?} differ in rank");
-    }
-    Ok(TensorRef { storage, offset, shape, stride })
-}
-
-/// The output tree of `obj`, within `budget` nodes and [`MAX_DEPTH`].
-fn freeze(obj: &Obj, depth: usize, budget: &mut usize) -> Result<Value> {
-    if depth > MAX_DEPTH {
-        bail!("nesting deeper than {MAX_DEPTH} (a reference cycle or a hostile pickle)");
-    }
-    if *budget == 0 {
-        bail!("more than {MAX_NODES} values (shared references expand too far)");
-    }
-    *budget -= 1;
-    let d = depth + 1;
-    Ok(match obj {
-        Obj::Leaf(v) => (**v).clone(),
-        Obj::List(l) => Value::List(l.borrow().iter().map(|x| freeze(x, d, budget)).collect::<Result<_>>()?),
-        Obj::Tuple(t) => Value::Tuple(t.iter().map(|x| freeze(x, d, budget)).collect::<Result<_>>()?),
-        Obj::Dict(items) => {
-            let mut out: Vec<(Value, Value)> = Vec::new();
-            let mut index: HashMap<String, usize> = HashMap::new();
-            for (k, v) in items.borrow().iter() {
-                let (k, v) = (freeze(k, d, budget)?, freeze(v, d, budget)?);
-                let key = match &k {
-                    Value::Str(s) => Some(format!("s{s}")),
-                    Value::Int(i) => Some(format!("i{i}")),
-                    _ => None,
-                };
-                match key.as_ref().and_then(|key| index.get(key)) {
-                    Some(&i) => out[i].1 = v,
-                    None => {
-                        if let Some(key) = key {
-                            index.insert(key, out.len());
-                        }
-                        out.push((k, v));
-                    }
-                }
-            }
-            Value::Dict(out)
-        }
-        Obj::Instance(i) => {
-            let inst = i.borrow();
-            Value::Object {
-                class: inst.class.clone(),
-                args: inst.args.iter().map(|x| freeze(x, d, budget)).collect::<Result<_>>()?,
-                state: Box::new(freeze(&inst.state, d, budget)?),
-            }
-        }
-    })
 }
