@@ -5,12 +5,17 @@ use super::{detect, Format, TempCheckpoint};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use megatron_checkpoint::CheckpointMeta;
+use megatron_checkpoint_megatron::dist::DistCheckpoint;
 use megatron_checkpoint_megatron::legacy::LegacyCheckpoint;
-use megatron_checkpoint_megatron::legacy_write::write_legacy;
-use megatron_checkpoint_megatron::native::{host_buffer, model_tensors, native_args, run_state};
+use megatron_checkpoint_megatron::legacy_write::{write_legacy, OptimizerOut};
+use megatron_checkpoint_megatron::native::{
+    host_buffer, model_tensors, native_args, optimizer_tensors, repad, run_state, run_state_from, RunState,
+};
+use megatron_checkpoint_megatron::optim_read::{read_optimizer, FullOptimizerState};
+use megatron_checkpoint_megatron::optim_write::GroupHyper;
 use megatron_checkpoint_megatron::partition::Shape;
 use megatron_checkpoint_megatron::{TensorData, TorchDType, Value};
-use megatron_core::{Backend, DType, ParallelContext, Param, ParamLayout, Registry};
+use megatron_core::{Backend, DType, OptimizerState, ParallelContext, Param, ParamLayout, Registry};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +49,9 @@ pub struct ConvertArgs {
     /// Iteration to convert (default: the tracker's).
     #[arg(long)]
     pub ckpt_step: Option<u64>,
+    /// Leave the optimizer state out of a megatron-legacy output (it is kept by default).
+    #[arg(long)]
+    pub no_save_optim: bool,
 }
 
 fn progress(label: &str, quiet: bool) -> impl FnMut(usize, usize) + '_ {
@@ -68,9 +76,30 @@ pub fn legacy_to_native(
     let padded = padded_vocab.unwrap_or(ck.shape.padded_vocab);
     let tensors = model_tensors(ck, padded, &mut progress("reading", !verbose))?;
     let state = run_state(ck, padded);
+    write_native(&tensors, state, read_optimizer(ck)?.as_ref(), padded, save, verbose)
+}
+
+/// Writes a Megatron-Core `torch_dist` checkpoint as a native one (model weights and run
+/// state; its optimizer state is not read).
+pub fn dist_to_native(ck: &DistCheckpoint, save: &Path, padded_vocab: Option<usize>, verbose: bool) -> Result<PathBuf> {
+    let padded = padded_vocab.unwrap_or(ck.shape.padded_vocab);
+    let tensors = repad(ck.full_tensors(&mut progress("reading", !verbose))?, padded)?;
+    let state = run_state_from(&ck.args, ck.iteration(), &ck.common, padded);
+    write_native(&tensors, state, None, padded, save, verbose)
+}
+
+/// Writes full tensors, run state and (Megatron's) optimizer state as a native checkpoint.
+fn write_native(
+    tensors: &BTreeMap<String, TensorData>,
+    state: RunState,
+    optim: Option<&FullOptimizerState>,
+    padded: usize,
+    save: &Path,
+    verbose: bool,
+) -> Result<PathBuf> {
     let backend = megatron_cpu::CpuBackend::new();
     let mut params = Vec::with_capacity(tensors.len());
-    for (name, t) in &tensors {
+    for (name, t) in tensors {
         let value = backend.from_host(host_buffer(t), &t.shape)?;
         let grad = backend.zeros(&[0], DType::F32)?;
         params.push(Param {
@@ -90,8 +119,26 @@ pub fn legacy_to_native(
         tokenizer_fingerprint: None,
         num_floating_point_operations_so_far: state.num_floating_point_operations_so_far,
     };
+    // Megatron's Adam state (and fp32 main params), under megatron-rs's per-parameter names.
+    let optimizer = match optim {
+        Some(full) => {
+            let mut tensors = Vec::new();
+            for (key, t) in optimizer_tensors(full, padded)? {
+                tensors.push((key, backend.from_host(host_buffer(&t), &t.shape)?));
+            }
+            let mut scalars = json!({ "step": full.step });
+            if let Some(gs) = &full.grad_scaler {
+                scalars["grad_scaler"] = gs.clone();
+            }
+            if verbose {
+                println!(" optimizer state: Adam step {}, {} tensors", full.step, tensors.len());
+            }
+            Some(OptimizerState { scalars, tensors })
+        }
+        None => None,
+    };
     let refs: Vec<&Param> = params.iter().collect();
-    megatron_checkpoint::save(save, state.iteration, &refs, None, meta, &backend, &ParallelContext::single())
+    megatron_checkpoint::save(save, state.iteration, &refs, optimizer, meta, &backend, &ParallelContext::single())
         .with_context(|| format!("writing the converted checkpoint to {}", save.display()))
 }
 
@@ -99,7 +146,25 @@ pub fn run(a: &ConvertArgs, registry: &Registry) -> Result<()> {
     let format = detect(&a.load)
         .with_context(|| format!("{} holds no checkpoint (no latest_checkpointed_iteration.txt)", a.load.display()))?;
     match (format, a.to) {
-        (Format::TorchDist, _) => bail!("{}: reading torch_dist checkpoints is not implemented yet", a.load.display()),
+        (Format::TorchDist, Target::Native) => {
+            let ck = megatron_checkpoint_megatron::dist::open(&a.load, a.ckpt_step)?;
+            let path = dist_to_native(&ck, &a.save, None, true)?;
+            println!("converted Megatron-Core torch_dist iteration {} to {}", ck.iteration(), path.display());
+            Ok(())
+        }
+        (Format::TorchDist, Target::Hf) => {
+            let ck = megatron_checkpoint_megatron::dist::open(&a.load, a.ckpt_step)?;
+            let tmp = TempCheckpoint(a.save.with_extension(format!("native-tmp-{}", std::process::id())));
+            dist_to_native(&ck, &tmp.0, None, true)?;
+            export_hf(&tmp.0, None, &a.save, registry)
+        }
+        (Format::TorchDist, Target::MegatronLegacy) => {
+            let ck = megatron_checkpoint_megatron::dist::open(&a.load, a.ckpt_step)?;
+            let tensors = ck.full_tensors(&mut progress("reading", false))?;
+            let args = native_args(&ck.args, ck.shape.padded_vocab);
+            let sched = ck.scheduler_state().map(|v| v.to_json()).unwrap_or_default();
+            write_megatron(a, ck.iteration(), &tensors, &args, &sched, None)
+        }
         (Format::MegatronLegacy, Target::Native) => {
             let ck = megatron_checkpoint_megatron::legacy::open(&a.load, a.ckpt_step)?;
             let path = legacy_to_native(&ck, &a.save, None, true)?;
@@ -125,20 +190,46 @@ pub fn run(a: &ConvertArgs, registry: &Registry) -> Result<()> {
             let tensors = ck.full_tensors(&mut progress("reading", false))?;
             let args = native_args(&ck.args, ck.shape.padded_vocab);
             let sched = ck.scheduler_state().map(|v| v.to_json()).unwrap_or_default();
-            write_megatron(a, ck.iteration(), &tensors, &args, &sched)
+            let optim = read_optimizer(&ck)?;
+            write_megatron(a, ck.iteration(), &tensors, &args, &sched, optim.as_ref())
         }
         (Format::Native, Target::MegatronLegacy) => {
             let ck = megatron_checkpoint::load(&a.load, a.ckpt_step)?;
             let mut tensors = BTreeMap::new();
-            for name in ck.tensor_names().filter(|n| !n.starts_with(megatron_checkpoint::metadata::OPTIMIZER_PREFIX)) {
+            let mut optim = BTreeMap::new();
+            for name in ck.tensor_names() {
                 let (data, shape) = ck.tensor(name)?;
-                tensors.insert(name.to_string(), tensor_data(data, shape));
+                match name.strip_prefix(megatron_checkpoint::metadata::OPTIMIZER_PREFIX) {
+                    Some(key) => {
+                        let (param, state) = key
+                            .rsplit_once('.')
+                            .with_context(|| format!("optimizer tensor `{name}` is not `optimizer.<param>.<state>`"))?;
+                        optim.insert((param.to_string(), state.to_string()), tensor_data(data, shape));
+                    }
+                    None => {
+                        tensors.insert(name.to_string(), tensor_data(data, shape));
+                    }
+                }
             }
+            let scalars = &ck.metadata.optimizer;
+            let optim = (ck.metadata.optimizer_saved && !optim.is_empty()).then(|| FullOptimizerState {
+                step: scalars["step"].as_u64().unwrap_or(0),
+                tensors: optim,
+                grad_scaler: scalars.get("grad_scaler").cloned(),
+                param_groups: Vec::new(),
+            });
             let mut args = ck.metadata.meta.args.clone();
             if let (Some(m), Some(w)) = (args.as_object_mut(), tensors.get("embedding.word_embeddings.weight")) {
                 m.insert("padded_vocab_size".into(), json!(w.shape[0]));
             }
-            write_megatron(a, ck.iteration(), &tensors, &args, &ck.metadata.meta.lr_scheduler)
+            // Megatron keeps the data position in `args` (our metadata keeps it beside them).
+            if let Some(m) = args.as_object_mut() {
+                let meta = &ck.metadata.meta;
+                m.insert("consumed_train_samples".into(), json!(meta.consumed_train_samples));
+                m.insert("skipped_train_samples".into(), json!(meta.skipped_train_samples));
+                m.insert("consumed_valid_samples".into(), json!(meta.consumed_valid_samples));
+            }
+            write_megatron(a, ck.iteration(), &tensors, &args, &ck.metadata.meta.lr_scheduler, optim.as_ref())
         }
     }
 }
@@ -160,6 +251,7 @@ fn write_megatron(
     tensors: &BTreeMap<String, TensorData>,
     args: &serde_json::Value,
     sched: &serde_json::Value,
+    optim: Option<&FullOptimizerState>,
 ) -> Result<()> {
     let source = Shape::from_args(&Value::from_json(args), &a.load)?;
     let tp = a.target_tensor_parallel_size.unwrap_or(source.tp);
@@ -185,7 +277,28 @@ fn write_megatron(
     }
     Shape::from_args(&Value::from_json(&check), &a.save)
         .with_context(|| format!("target layout tp{tp} x pp{pp} does not fit the model"))?;
-    let dir = write_legacy(&a.save, iteration, tensors, &target, &check, sched, &mut progress("writing", false))?;
+    // A half-precision model is written with Megatron's fp16 wrapper (fp32 main params).
+    let half = tensors.values().any(|t| matches!(t.dtype, TorchDType::BF16 | TorchDType::F16));
+    let optim = optim.filter(|_| !a.no_save_optim).map(|state| OptimizerOut {
+        state,
+        half,
+        hyper: GroupHyper::from_args(args),
+    });
+    if let Some(o) = &optim {
+        if half && !o.state.tensors.keys().any(|(_, s)| s == "main_param") {
+            bail!("the half-precision model's optimizer state has no fp32 main params; convert with --no-save-optim");
+        }
+    }
+    let dir = write_legacy(
+        &a.save,
+        iteration,
+        tensors,
+        &target,
+        &check,
+        sched,
+        optim.as_ref(),
+        &mut progress("writing", false),
+    )?;
     println!("wrote Megatron-LM legacy tp{tp} x pp{pp} iteration {iteration} to {}", dir.display());
     Ok(())
 }

@@ -87,7 +87,36 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             }
             Ok(())
         }
-        Some(Format::TorchDist) => bail!("{}: torch_dist checkpoints cannot be inspected yet", a.dir.display()),
+        Some(Format::TorchDist) => {
+            let ck = megatron_checkpoint_megatron::dist::open(&a.dir, a.ckpt_step)?;
+            println!("format: Megatron-Core torch_dist (torch.distributed.checkpoint)");
+            println!("directory: {}", ck.iter_dir.display());
+            println!("iteration: {}", ck.iteration());
+            let args = ck.args.to_json();
+            for k in SHAPE_KEYS {
+                println!("args.{k}: {}", args[k]);
+            }
+            if let Some(s) = ck.scheduler_state() {
+                println!("opt_param_scheduler: {}", s.to_json());
+            }
+            let optim = ck.tensors.keys().filter(|k| k.starts_with("optimizer.")).count();
+            println!("optimizer: {optim} sharded tensors (not converted by megatron-rs)");
+            println!("stored keys ({}):", ck.tensors.len());
+            for (k, t) in &ck.tensors {
+                println!("  {k:60} {:>10} {:?} in {} chunks", t.dtype.name(), t.size, t.chunks.len());
+            }
+            let tensors = ck.full_tensors(&mut |done, total| {
+                eprint!("\r reading key {done}/{total}");
+                if done == total {
+                    eprintln!();
+                }
+            })?;
+            println!("tensors ({}, unstacked):", tensors.len());
+            for (name, t) in &tensors {
+                println!("  {name:60} {:>14} {:?} norm {:.6}", t.dtype.name(), t.shape, norm(&t.to_f32()));
+            }
+            Ok(())
+        }
         None => bail!("{} holds no checkpoint (no latest_checkpointed_iteration.txt)", a.dir.display()),
     }
 }

@@ -80,11 +80,22 @@ pub fn resolve_load_dir(dir: &Path, padded_vocab: Option<usize>, rank: usize) ->
             convert::legacy_to_native(&ck, &tmp, padded_vocab, false)?;
             Ok(Some(guard))
         }
-        Some(Format::TorchDist) => anyhow::bail!(
-            "{} is a Megatron-Core torch_dist checkpoint, which megatron-rs cannot read yet; re-save it with \
-             Megatron-LM's --ckpt-format torch (or --ckpt-convert-format torch)",
-            dir.display()
-        ),
+        Some(Format::TorchDist) => {
+            let tmp = std::env::temp_dir().join(format!("megatron-rs-import-{}-{rank}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            let guard = TempCheckpoint(tmp.clone());
+            let ck = megatron_checkpoint_megatron::dist::open(dir, None)?;
+            if rank == 0 {
+                println!(
+                    " loading Megatron-Core torch_dist checkpoint {} (iteration {}) by converting it (model weights \
+                     and run state; its optimizer state is not read: use --no-load-optim)",
+                    dir.display(),
+                    ck.iteration()
+                );
+            }
+            convert::dist_to_native(&ck, &tmp, padded_vocab, false)?;
+            Ok(Some(guard))
+        }
         _ => Ok(None),
     }
 }

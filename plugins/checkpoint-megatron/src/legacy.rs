@@ -51,7 +51,28 @@ impl LegacyCheckpoint {
             None => "none (saved with --no-save-optim)".to_string(),
             Some(o) => {
                 let keys: Vec<String> = o.items().unwrap_or(&[]).iter().map(|(k, _)| k.to_string()).collect();
-                format!("present (keys {}); not converted by megatron-rs yet", keys.join(", "))
+                match crate::optim_read::read_optimizer(self) {
+                    Ok(Some(full)) => {
+                        let mut states: Vec<&str> = full.tensors.keys().map(|(_, s)| s.as_str()).collect();
+                        states.sort_unstable();
+                        states.dedup();
+                        let groups: Vec<String> = full
+                            .param_groups
+                            .iter()
+                            .map(|g| format!("wd_mult {} lr {}", g["wd_mult"], g["lr"]))
+                            .collect();
+                        format!(
+                            "Adam at step {}: {} for {} parameters; param groups [{}]; grad_scaler {}",
+                            full.step,
+                            states.join(", "),
+                            full.tensors.len() / states.len().max(1),
+                            groups.join("; "),
+                            full.grad_scaler.map_or("none".to_string(), |g| g.to_string())
+                        )
+                    }
+                    Ok(None) => "none".to_string(),
+                    Err(e) => format!("present (keys {}) but not readable by megatron-rs: {e:#}", keys.join(", ")),
+                }
             }
         }
     }

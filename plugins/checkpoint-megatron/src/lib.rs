@@ -17,6 +17,7 @@ pub mod optim_read;
 pub mod optim_write;
 pub mod partition;
 pub mod pickle;
+pub mod shape;
 pub mod torchzip;
 pub mod value;
 pub mod writer;

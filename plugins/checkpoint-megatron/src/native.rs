@@ -91,21 +91,37 @@ pub struct RunState {
 
 /// The [`RunState`] of `ck`, with the vocabulary padded to `padded_vocab`.
 pub fn run_state(ck: &LegacyCheckpoint, padded_vocab: usize) -> RunState {
-    let int = |k: &str| ck.args.get(k).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
-    let root = &ck.shards[0][0].root;
+    run_state_from(&ck.args, ck.iteration(), &ck.shards[0][0].root, padded_vocab)
+}
+
+/// The [`RunState`] of a checkpoint whose top-level (or common) state dict is `root`.
+pub fn run_state_from(args: &Value, iteration: u64, root: &Value, padded_vocab: usize) -> RunState {
+    let int = |k: &str| args.get(k).and_then(Value::as_i64).unwrap_or(0).max(0) as u64;
+    let sched = root.get("opt_param_scheduler").or_else(|| root.get("lr_scheduler"));
     RunState {
-        iteration: ck.iteration(),
+        iteration,
         consumed_train_samples: int("consumed_train_samples"),
         skipped_train_samples: int("skipped_train_samples"),
         consumed_valid_samples: int("consumed_valid_samples"),
-        args: native_args(&ck.args, padded_vocab),
-        lr_scheduler: ck.scheduler_state().map(Value::to_json).unwrap_or(serde_json::Value::Null),
-        seed: ck.args.get("seed").and_then(Value::as_i64),
+        args: native_args(args, padded_vocab),
+        lr_scheduler: sched.map(Value::to_json).unwrap_or(serde_json::Value::Null),
+        seed: args.get("seed").and_then(Value::as_i64),
         num_floating_point_operations_so_far: root
             .get("num_floating_point_operations_so_far")
             .and_then(Value::as_f64)
             .unwrap_or(0.0),
     }
+}
+
+/// `tensors` with the vocabulary tensors at `padded_vocab` rows.
+pub fn repad(mut tensors: BTreeMap<String, TensorData>, padded_vocab: usize) -> Result<BTreeMap<String, TensorData>> {
+    for name in ["embedding.word_embeddings.weight", "output_layer.weight"] {
+        if let Some(t) = tensors.get(name) {
+            let resized = resize_vocab(t, padded_vocab).with_context(|| format!("tensor `{name}`"))?;
+            tensors.insert(name.to_string(), resized);
+        }
+    }
+    Ok(tensors)
 }
 
 /// The optimizer tensors of `full` as megatron-rs names them (`{param}.{state}`), vocabulary

@@ -3,8 +3,9 @@
 //! unbounded allocation. `FUZZ_SECONDS=600 cargo test --release -p megatron-checkpoint-megatron
 //! --test fuzz -- --nocapture` runs longer (scripts/fuzz_megatron_checkpoint.sh).
 
+use megatron_checkpoint_megatron::optim_read::read_optimizer;
 use megatron_checkpoint_megatron::pickle::unpickle;
-use megatron_checkpoint_megatron::{TorchFile, Value};
+use megatron_checkpoint_megatron::{dist, legacy, TorchFile, Value};
 use std::io::Read;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -154,4 +155,75 @@ fn refused_globals_name_the_file_and_the_global() {
     let evil = b"\x80\x02cbuiltins\neval\nq\x00.";
     let err = unpickle(evil, "x.pkl").unwrap_err().to_string();
     assert!(err.contains("builtins.eval"), "{err}");
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            std::fs::create_dir_all(&dst).unwrap();
+            copy_tree(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+}
+
+/// The torch_dist reader (mutated `.metadata` pickles and `.distcp` files) and the legacy
+/// optimizer-state reader (mutated rank files with Megatron's Adam state): `Ok` or a clean
+/// error, never a panic. `FUZZ2_SECONDS` sets the budget (default 5).
+#[test]
+fn mutated_torch_dist_and_optimizer_files_never_panic() {
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/megatron_tp4pp2");
+    let tmp = tempfile::tempdir().unwrap();
+    copy_tree(&fixture, tmp.path());
+    let dist_dir = tmp.path().join("torch_dist");
+    let legacy_dir = tmp.path().join("legacy");
+    let targets = [
+        dist_dir.join("iter_0000006/.metadata"),
+        dist_dir.join("iter_0000006/__0_0.distcp"),
+        dist_dir.join("iter_0000006/__5_0.distcp"),
+        legacy_dir.join("iter_0000006/mp_rank_01_001/model_optim_rng.pt"),
+    ];
+    let originals: Vec<Vec<u8>> = targets.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let budget = Duration::from_secs(std::env::var("FUZZ2_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5));
+    let seed: u64 = std::env::var("FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    let mut rng = Rng(seed | 1);
+    let (mut cases, mut ok, mut errors, mut panics) = ([0u64; 4], 0u64, 0u64, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < budget {
+        let k = rng.below(targets.len());
+        let m = mutate(&mut rng, &originals[k]);
+        std::fs::write(&targets[k], &m).unwrap();
+        cases[k] += 1;
+        let outcome = catch_unwind(AssertUnwindSafe(|| -> anyhow::Result<()> {
+            if k < 3 {
+                dist::open(&dist_dir, None)?.full_tensors(&mut |_, _| {})?;
+            } else {
+                let ck = legacy::open(&legacy_dir, None)?;
+                read_optimizer(&ck)?;
+                ck.full_tensors(&mut |_, _| {})?;
+            }
+            Ok(())
+        }));
+        match outcome {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(_)) => errors += 1,
+            Err(_) => {
+                panics += 1;
+                std::fs::write(tmp.path().join(format!("panic-{k}-{}", cases[k])), &m).unwrap();
+            }
+        }
+        std::fs::write(&targets[k], &originals[k]).unwrap();
+    }
+    println!(
+        "fuzz torch_dist/optimizer (seed {seed:#x}, {:.1}s): {} .metadata + {} .distcp + {} optimizer rank files -> \
+         {ok} read, {errors} clean errors, {panics} panics",
+        start.elapsed().as_secs_f64(),
+        cases[0],
+        cases[1] + cases[2],
+        cases[3]
+    );
+    assert_eq!(panics, 0, "a reader panicked on {panics} mutated inputs (kept in {})", tmp.path().display());
+    assert!(errors > 0 && ok + errors > 20);
 }
