@@ -11,7 +11,6 @@
 
 pub use crate::shape::Shape;
 use crate::torchzip::TensorData;
-use crate::value::Value;
 use anyhow::{anyhow, bail, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
