@@ -58,13 +58,21 @@ impl Drop for TempCheckpoint {
     }
 }
 
+/// A fresh temporary directory for an on-the-fly conversion: unique per process, rank and call
+/// (several runs in one process — tests, ranks as threads — must not share one).
+fn import_dir(rank: usize) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("megatron-rs-import-{}-{rank}-{n}", std::process::id()))
+}
+
 /// For `pretrain --load DIR`: a Megatron-LM legacy checkpoint is converted to a temporary
 /// native one (vocabulary padded to `padded_vocab` rows) and that is loaded instead; a
 /// native directory (or none) is returned as is.
 pub fn resolve_load_dir(dir: &Path, padded_vocab: Option<usize>, rank: usize) -> Result<Option<TempCheckpoint>> {
     match detect(dir) {
         Some(Format::MegatronLegacy) => {
-            let tmp = std::env::temp_dir().join(format!("megatron-rs-import-{}-{rank}", std::process::id()));
+            let tmp = import_dir(rank);
             let _ = std::fs::remove_dir_all(&tmp);
             let guard = TempCheckpoint(tmp.clone());
             let ck = megatron_checkpoint_megatron::legacy::open(dir, None)?;
@@ -81,7 +89,7 @@ pub fn resolve_load_dir(dir: &Path, padded_vocab: Option<usize>, rank: usize) ->
             Ok(Some(guard))
         }
         Some(Format::TorchDist) => {
-            let tmp = std::env::temp_dir().join(format!("megatron-rs-import-{}-{rank}", std::process::id()));
+            let tmp = import_dir(rank);
             let _ = std::fs::remove_dir_all(&tmp);
             let guard = TempCheckpoint(tmp.clone());
             let ck = megatron_checkpoint_megatron::dist::open(dir, None)?;
