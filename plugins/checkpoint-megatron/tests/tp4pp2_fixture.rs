@@ -124,3 +124,32 @@ fn written_layout_has_megatrons_key_order_and_param_groups() {
     };
     assert_eq!(groups(&ours), groups(&ck));
 }
+
+/// A bf16 model's state goes in Megatron's fp16 wrapper (`optimizer`, `grad_scaler`,
+/// `fp32_from_fp16_params`) and reads back bit-identically, fp32 main params included.
+#[test]
+fn half_precision_optimizer_state_round_trips_with_main_params() {
+    use megatron_checkpoint_megatron::{TensorData, TorchDType};
+    let ck = legacy::open(&fixture("legacy"), None).unwrap();
+    let fp32 = ck.full_tensors(&mut |_, _| {}).unwrap();
+    let mut opt = read_optimizer(&ck).unwrap().unwrap();
+    let mut params = std::collections::BTreeMap::new();
+    for (name, t) in &fp32 {
+        let bytes = t.to_f32().iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect();
+        params.insert(name.clone(), TensorData { dtype: TorchDType::BF16, shape: t.shape.clone(), bytes });
+        opt.tensors.insert((name.clone(), "main_param".to_string()), t.clone());
+    }
+    opt.grad_scaler = Some(serde_json::json!({"scale": 65536.0, "growth_tracker": 3, "hysteresis_tracker": 2}));
+    let args = ck.args.to_json();
+    let tmp = tempfile::tempdir().unwrap();
+    let o = OptimizerOut { state: &opt, half: true, hyper: GroupHyper::from_args(&args) };
+    write_legacy(tmp.path(), 6, &params, &ck.shape, &args, &serde_json::Value::Null, Some(&o), &mut |_, _| {}).unwrap();
+    let back = legacy::open(tmp.path(), None).unwrap();
+    let root = &back.shards[1][3].root;
+    let wrapper = root.get("optimizer").unwrap();
+    assert!(wrapper.get("fp32_from_fp16_params").is_some() && wrapper.get("optimizer").is_some());
+    assert_eq!(back.full_tensors(&mut |_, _| {}).unwrap(), params);
+    let opt2 = read_optimizer(&back).unwrap().unwrap();
+    assert_eq!(opt2.tensors, opt.tensors);
+    assert_eq!(opt2.grad_scaler, opt.grad_scaler);
+}
