@@ -342,8 +342,9 @@ pub struct PretrainArgs {
     #[arg(long)]
     pub fp32_residual_connection: bool,
     /// On a non-finite loss or gradient (the update is skipped and diagnosed: first bad
-    /// parameter, microbatch, samples): `skip` goes on, `stop` ends the run (src/train/guards.rs).
-    #[arg(long, default_value = "skip", value_parser = ["skip", "stop"])]
+    /// parameter, microbatch, samples): `skip` goes on, `stop` ends the run, `rewind` reloads
+    /// the last checkpoint and skips the offending global batch from then on (src/train/guards.rs).
+    #[arg(long, default_value = "skip", value_parser = ["skip", "stop", "rewind"])]
     pub on_nan: String,
     /// Print every layer's gradient norm at each log interval.
     #[arg(long)]
@@ -351,4 +352,23 @@ pub struct PretrainArgs {
     /// Tests only: a NaN in PARAM's gradient at iteration ITER (and in the replay of MB).
     #[arg(long, hide = true, value_name = "ITER:MB:PARAM")]
     pub inject_nan_grad: Option<String>,
+    /// Loss spike detector: an iteration whose loss is more than Z standard deviations above
+    /// the mean of the last --spike-window healthy iterations is handled by --on-spike.
+    #[arg(long, value_name = "Z")]
+    pub spike_threshold: Option<f64>,
+    /// The same detector on the gradient norm.
+    #[arg(long, value_name = "Z")]
+    pub grad_norm_spike_threshold: Option<f64>,
+    /// Healthy iterations the spike detectors remember (they judge from half of it on).
+    #[arg(long, default_value_t = 20)]
+    pub spike_window: usize,
+    /// On a spike (the update is not applied): `skip` goes on, `stop` ends the run, `rewind`
+    /// reloads the last checkpoint and skips the offending global batch (src/train/rewind.rs).
+    #[arg(long, default_value = "skip", value_parser = ["skip", "stop", "rewind"])]
+    pub on_spike: String,
+    /// Training samples never trained on: a global batch holding one of them is consumed
+    /// without an update (Megatron's --iterations-to-skip, by sample). A rewind adds the
+    /// offending batch; the list is stored in checkpoints and merged on load.
+    #[arg(long, num_args = 1.., value_name = "SAMPLE")]
+    pub skip_train_samples: Vec<u64>,
 }

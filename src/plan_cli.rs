@@ -81,6 +81,15 @@ pub fn plan_input(cfg: &TrainConfig, vocab_size: usize) -> Result<PlanInput> {
         distributed_optimizer: a.use_distributed_optimizer,
         precision: if a.bf16 || a.fp16 { Precision::Half } else { Precision::Fp32 },
         recompute,
+        // The reducer's rule (plugins/parallel/src/ddp.rs): one bucket unless overlapping or
+        // sized; Megatron's default size max(40M, 1M x dp x cp) with overlap.
+        bucket_elems: match (a.overlap_grad_reduce, a.ddp_bucket_size) {
+            (_, Some(b)) => Some(b),
+            (true, None) => {
+                Some(40_000_000usize.max(1_000_000 * cfg.data_parallel_size.max(1) * a.context_parallel_size.max(1)))
+            }
+            (false, None) => None,
+        },
     })
 }
 

@@ -10,7 +10,12 @@
 //!   (`--spike-threshold`).
 //! * [`OnNan`] and [`SkipList`]: the `skip | stop | rewind` policy and the sample indices a
 //!   rewound run must skip (serialized into the checkpoint so a resumed run skips them too).
+//! * [`SpikeGuards`]: the loss and grad-norm detectors of one run together, judging an
+//!   iteration before its update (a spike is kept out of both histories).
 
+mod spikes;
+
+pub use spikes::{SpikeGuards, SpikeVerdict};
 use std::collections::{BTreeSet, VecDeque};
 
 /// The first parameter (in model order) with a non-finite gradient.
@@ -85,25 +90,36 @@ impl SpikeDetector {
 
     /// Judges `value` against the history, then (if not a spike) adds it.
     pub fn observe(&mut self, value: f64) -> Option<Spike> {
+        let spike = self.judge(value);
+        if spike.is_none() {
+            self.accept(value);
+        }
+        spike
+    }
+
+    /// Whether `value` is a spike against the history (the history is not changed).
+    pub fn judge(&self, value: f64) -> Option<Spike> {
         if !value.is_finite() {
             return Some(Spike { value, mean: f64::NAN, std: f64::NAN, z: f64::INFINITY });
         }
-        if self.history.len() >= self.min_history {
-            let n = self.history.len() as f64;
-            let mean = self.history.iter().sum::<f64>() / n;
-            let var = self.history.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-            // A floor on the spread: a perfectly flat history must not flag tiny changes.
-            let std = var.sqrt().max(1e-3 * mean.abs()).max(1e-12);
-            let z = (value - mean) / std;
-            if z > self.threshold {
-                return Some(Spike { value, mean, std, z });
-            }
+        if self.history.len() < self.min_history {
+            return None;
         }
+        let n = self.history.len() as f64;
+        let mean = self.history.iter().sum::<f64>() / n;
+        let var = self.history.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+        // A floor on the spread: a perfectly flat history must not flag tiny changes.
+        let std = var.sqrt().max(1e-3 * mean.abs()).max(1e-12);
+        let z = (value - mean) / std;
+        (z > self.threshold).then_some(Spike { value, mean, std, z })
+    }
+
+    /// Adds `value` to the history (the oldest one leaves a full window).
+    pub fn accept(&mut self, value: f64) {
         if self.history.len() == self.window {
             self.history.pop_front();
         }
         self.history.push_back(value);
-        None
     }
 }
 
@@ -150,6 +166,29 @@ impl SkipList {
 
     pub fn is_empty(&self) -> bool {
         self.samples.is_empty()
+    }
+
+    /// Whether any of the samples `start..start + len` is listed (a global batch is skipped
+    /// whole when one of its samples is).
+    pub fn any_in(&self, start: u64, len: u64) -> bool {
+        self.samples.range(start..start.saturating_add(len)).next().is_some()
+    }
+
+    /// The listed samples in increasing order.
+    pub fn samples(&self) -> impl Iterator<Item = u64> + '_ {
+        self.samples.iter().copied()
+    }
+
+    /// The listed samples as half-open runs `[(start, end)]`, for messages.
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &s in &self.samples {
+            match out.last_mut() {
+                Some((_, end)) if *end == s => *end += 1,
+                _ => out.push((s, s + 1)),
+            }
+        }
+        out
     }
 
     /// `"[3,17]"`: the form stored in the checkpoint metadata.

@@ -59,3 +59,13 @@ fn policies_and_skip_list() {
     assert!(back.contains(3) && back.contains(17) && back.len() == 2);
     assert!(SkipList::from_json("[1,x]").is_err());
 }
+
+#[test]
+fn skip_list_ranges_and_batches() {
+    let mut s = SkipList::default();
+    s.add([8, 9, 10, 11, 40, 41]);
+    assert_eq!(s.runs(), vec![(8, 12), (40, 42)]);
+    assert!(s.any_in(8, 4) && s.any_in(4, 5) && s.any_in(40, 1));
+    assert!(!s.any_in(0, 8) && !s.any_in(12, 28) && !s.any_in(42, u64::MAX));
+    assert_eq!(s.samples().collect::<Vec<_>>(), vec![8, 9, 10, 11, 40, 41]);
+}

@@ -2,7 +2,8 @@
 //!
 //! From plain shapes and layout ([`PlanInput`]) it computes, per pipeline stage (every rank of
 //! a stage holds the same amount), the bytes of parameters, gradients, fp32 main parameters,
-//! optimizer state (sharded over data parallelism with the distributed optimizer) and the
+//! optimizer state (sharded over data parallelism with the distributed optimizer), the
+//! data-parallel gradient buckets at their peak ([`grad_buffer_elems`]) and the
 //! activations the schedule keeps in flight (1F1B: stage `s` of `p` holds `min(p - s, M)`
 //! microbatches; interleaved: Megatron's warm-up count of model chunks) under the recompute
 //! policy and precision, plus the logits/backward workspace ([`plan`]); the FLOPs per
@@ -67,6 +68,9 @@ pub struct PlanInput {
     pub distributed_optimizer: bool,
     pub precision: Precision,
     pub recompute: Recompute,
+    /// DDP bucket size in elements (`--ddp-bucket-size`, Megatron's default with
+    /// `--overlap-grad-reduce`); `None`: one bucket per stage.
+    pub bucket_elems: Option<usize>,
 }
 
 impl PlanInput {
@@ -84,12 +88,24 @@ impl PlanInput {
         attn + mlp + norms
     }
 
+    /// Parameters of one layer that every tensor-parallel rank holds whole: the norms and the
+    /// biases of the row-parallel projections (attention output, second MLP linear).
+    pub fn layer_replicated_params(&self) -> u128 {
+        let h = self.hidden as u128;
+        if self.swiglu {
+            2 * h
+        } else {
+            4 * h + 2 * h
+        }
+    }
+
     /// Parameters held by one rank of pipeline stage `stage` (chunks of all its virtual stages).
     pub fn stage_params(&self, stage: usize) -> u128 {
         let (h, v) = (self.hidden as u128, self.padded_vocab as u128);
         let tp = self.tp as u128;
         let layers = stage_layer_count(self.num_layers, self.pp, stage) as u128;
-        let mut p = layers * self.layer_params() / tp;
+        let whole = self.layer_replicated_params();
+        let mut p = layers * ((self.layer_params() - whole) / tp + whole);
         let first = stage == 0;
         let last = stage + 1 == self.pp;
         if first {
@@ -108,6 +124,29 @@ impl PlanInput {
     }
 }
 
+impl PlanInput {
+    /// Elements of the largest single parameter one rank of stage `stage` holds (a DDP bucket
+    /// closes after the parameter that reaches the bucket size, so it can exceed it by this).
+    pub fn largest_param(&self, stage: usize) -> u128 {
+        let (h, f, tp) = (self.hidden as u128, self.ffn as u128, self.tp as u128);
+        let q = (self.heads * self.kv_channels) as u128;
+        let kv = (2 * self.query_groups * self.kv_channels) as u128;
+        let gates: u128 = if self.swiglu { 2 } else { 1 };
+        let mut m = 0;
+        if stage_layer_count(self.num_layers, self.pp, stage) > 0 {
+            m = [h * (q + kv), q * h, h * f * gates, f * h].into_iter().max().unwrap_or(0) / tp;
+        }
+        let vocab = self.padded_vocab as u128 * h / tp;
+        if stage == 0 || (stage + 1 == self.pp && (self.untied || self.pp > 1)) {
+            m = m.max(vocab);
+        }
+        if stage == 0 && self.learned_positions {
+            m = m.max(self.max_position_embeddings as u128 * h);
+        }
+        m
+    }
+}
+
 /// Layers of stage `stage` when `num_layers` are split evenly (the first stages take the rest).
 pub fn stage_layer_count(num_layers: usize, pp: usize, stage: usize) -> usize {
     num_layers / pp + usize::from(stage < num_layers % pp)
@@ -123,6 +162,8 @@ pub struct StagePlan {
     pub grad_bytes: u128,
     pub main_param_bytes: u128,
     pub optimizer_bytes: u128,
+    /// Data-parallel gradient buckets at their peak (see [`grad_buffer_elems`]).
+    pub grad_buffer_bytes: u128,
     /// Microbatches (model chunks for interleaving) whose activations are held at once.
     pub in_flight: usize,
     pub activation_bytes: u128,
@@ -136,6 +177,7 @@ impl StagePlan {
             + self.grad_bytes
             + self.main_param_bytes
             + self.optimizer_bytes
+            + self.grad_buffer_bytes
             + self.activation_bytes
             + self.workspace_bytes
     }
@@ -178,14 +220,42 @@ pub fn in_flight(input: &PlanInput, stage: usize) -> (usize, f64) {
     (chunks, 1.0 / v as f64)
 }
 
+/// Elements of a stage's `params` that one rank of `dp` owns with the distributed optimizer:
+/// the first rank's (largest) share, `ceil(n_b / dp)` of every bucket `b`, at most
+/// `ceil(N / dp) + buckets - 1` (exact with one bucket).
+pub fn shard_elems(input: &PlanInput, params: u128) -> u128 {
+    if !input.distributed_optimizer {
+        return params;
+    }
+    // Every bucket but the last holds at least the bucket size.
+    let buckets = input.bucket_elems.map_or(1, |b| params.div_ceil((b as u128).max(1)).max(1));
+    params.div_ceil(input.dp.max(1) as u128) + buckets - 1
+}
+
+/// fp32 elements the data-parallel reducer holds at its peak for `stage` of `params`: without
+/// the distributed optimizer every reduced bucket until they are written back (all of them);
+/// with it, the padded bucket being reduce-scattered plus this rank's reduced share of every
+/// bucket. Nothing without data parallelism or the distributed optimizer (no reducer).
+pub fn grad_buffer_elems(input: &PlanInput, stage: usize, params: u128) -> u128 {
+    let dp = input.dp.max(1) as u128;
+    if input.distributed_optimizer {
+        // The largest bucket: at most the size plus the parameter that closed it.
+        let largest = input.largest_param(stage);
+        let bucket = input.bucket_elems.map_or(params, |b| (b as u128 + largest).min(params));
+        bucket.div_ceil(dp) * dp + params.div_ceil(dp)
+    } else if dp > 1 {
+        params
+    } else {
+        0
+    }
+}
+
 /// Plans `input` (see the crate docs).
 pub fn plan(input: &PlanInput) -> Plan {
-    let dp = input.dp.max(1) as u128;
     let half = input.precision == Precision::Half;
     let stages = (0..input.pp)
         .map(|s| {
             let params = input.stage_params(s);
-            let shard = |bytes: u128| if input.distributed_optimizer { bytes.div_ceil(dp) } else { bytes };
             let layers = stage_layer_count(input.num_layers, input.pp, s);
             let (flight, chunk_frac) = in_flight(input, s);
             let per_mb = activations::stage_activation_bytes(input, layers);
@@ -195,8 +265,11 @@ pub fn plan(input: &PlanInput) -> Plan {
                 params,
                 param_bytes: params * if half { 2 } else { 4 },
                 grad_bytes: params * 4, // fp32 main grads in every precision
-                main_param_bytes: if half { shard(params * 4) } else { 0 },
-                optimizer_bytes: shard(params * 4 * input.optimizer_floats as u128),
+                // One fp32 main copy of every half parameter, also with the distributed
+                // optimizer (our MixedPrecisionOptimizer wraps it; Megatron shards these).
+                main_param_bytes: if half { params * 4 } else { 0 },
+                optimizer_bytes: shard_elems(input, params) * 4 * input.optimizer_floats as u128,
+                grad_buffer_bytes: grad_buffer_elems(input, s, params) * 4,
                 in_flight: flight,
                 activation_bytes: (per_mb as f64 * flight as f64 * chunk_frac) as u128,
                 workspace_bytes: activations::workspace_bytes(input, s + 1 == input.pp),

@@ -32,7 +32,7 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
         input.optimizer_floats,
     );
     s += &format!(
-        "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11}\n",
+        "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11}\n",
         "stage",
         "layers",
         "params/rank",
@@ -40,6 +40,7 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
         "grads",
         "main",
         "optimizer",
+        "dp buckets",
         "in-flight",
         "activations",
         "workspace",
@@ -47,7 +48,7 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
     );
     for st in &p.stages {
         s += &format!(
-            "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11}\n",
+            "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11}\n",
             st.stage,
             st.layers,
             st.params,
@@ -55,6 +56,7 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
             human(st.grad_bytes),
             human(st.main_param_bytes),
             human(st.optimizer_bytes),
+            human(st.grad_buffer_bytes),
             st.in_flight,
             human(st.activation_bytes),
             human(st.workspace_bytes),

@@ -27,6 +27,7 @@ fn gpt2_small() -> PlanInput {
         distributed_optimizer: false,
         precision: Precision::Fp32,
         recompute: Recompute::None,
+        bucket_elems: None,
     }
 }
 
@@ -89,4 +90,28 @@ fn knobs_move_the_plan_the_right_way() {
     assert_eq!(in_flight(&inter, 0), (5, 0.5));
     let text = report::render(&dp4, Some(1e10), total(&dp4) / 2);
     assert!(text.contains("DOES NOT FIT") && text.contains("--use-distributed-optimizer"), "{text}");
+}
+
+#[test]
+fn data_parallel_buckets_and_shards() {
+    let n: u128 = 124_475_904;
+    // Plain DDP: no buckets at dp 1; at dp 2 every reduced bucket is held (all of the grads).
+    assert_eq!(plan(&gpt2_small()).stages[0].grad_buffer_bytes, 0);
+    let dp2 = PlanInput { dp: 2, ..gpt2_small() };
+    let p = plan(&dp2);
+    assert_eq!((p.stages[0].grad_buffer_bytes, p.stages[0].optimizer_bytes), (4 * n, 8 * n));
+    // Distributed optimizer, one bucket: the padded bucket in flight plus this rank's share;
+    // Adam's moments for the share only (the first rank's, rounded up).
+    let dist = plan(&PlanInput { distributed_optimizer: true, ..dp2.clone() });
+    assert_eq!(dist.stages[0].grad_buffer_bytes, 4 * (n + n / 2));
+    assert_eq!(dist.stages[0].optimizer_bytes, 8 * (n / 2));
+    // 40M-element buckets (overlap): only one bucket is in flight at a time.
+    let b = 40_000_000u128;
+    let bucketed = plan(&PlanInput { distributed_optimizer: true, bucket_elems: Some(b as usize), dp: 4, ..dp2 });
+    // (The largest bucket may overshoot the size by the parameter that closed it: the
+    // 50304 x 768 word embedding here.)
+    assert_eq!(bucketed.stages[0].grad_buffer_bytes, 4 * (b + 50304 * 768 + n.div_ceil(4)));
+    // Half precision: fp32 main parameters of every parameter, sharded or not.
+    let half = plan(&PlanInput { precision: Precision::Half, distributed_optimizer: true, dp: 4, ..gpt2_small() });
+    assert_eq!(half.stages[0].main_param_bytes, 4 * n);
 }

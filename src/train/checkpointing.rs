@@ -208,6 +208,7 @@ impl Trainer {
             );
             return Ok(());
         }
+        self.guard_merge_skip_list(&meta.args);
         self.state.iteration = ckpt.iteration();
         self.state.consumed_train_samples = meta.consumed_train_samples;
         self.state.consumed_valid_samples = meta.consumed_valid_samples;

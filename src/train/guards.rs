@@ -4,7 +4,8 @@
 //!   parameter in model order whose gradient is non-finite (its layer, how many elements), and
 //!   — replaying the iteration's microbatches one at a time (pp = 1) — the first microbatch
 //!   that produces it alone and its dataset sample indices. `--on-nan stop` then ends the run
-//!   with that diagnosis, `skip` (the default) goes on.
+//!   with that diagnosis, `skip` (the default) goes on, `rewind` goes back to the last
+//!   checkpoint and skips the global batch from then on (src/train/rewind.rs).
 //! * `--log-per-layer-grad-norms` prints each layer's gradient norm at every log interval.
 //!
 //! Cost: healthy steps pay nothing beyond the grad norm already computed; a bad step pays one
@@ -65,8 +66,9 @@ impl Trainer {
     }
 
     /// The guards after the gradient norm of iteration `iteration` (1-based), whose global
-    /// batch starts at sample `consumed`.
-    pub(super) fn guard_after_backward(&mut self, iteration: u64, consumed: u64, loss: f64, norm: f64) -> Result<()> {
+    /// batch starts at sample `consumed`: `Ok(true)` when the update must not be applied
+    /// (a spike under skip/rewind; a non-finite step is skipped anyway).
+    pub(super) fn guard_after_backward(&mut self, iteration: u64, consumed: u64, loss: f64, norm: f64) -> Result<bool> {
         let args = self.cfg.args.clone();
         if args.log_per_layer_grad_norms && iteration.is_multiple_of(args.log_interval.max(1)) && loss.is_finite() {
             let grads = host_grads(self)?;
@@ -78,17 +80,19 @@ impl Trainer {
             }
         }
         if loss.is_finite() && norm.is_finite() {
-            return Ok(());
+            // Spikes (src/train/rewind.rs).
+            return self.guard_spikes(iteration, consumed, loss, norm);
         }
         let grads = host_grads(self)?;
         let (_, bad) = first_non_finite(grads.iter().map(|(n, g)| (n.as_str(), g.as_slice())));
         let culprit = self.replay_microbatches(iteration, consumed)?;
         let what = describe(iteration, loss, norm, bad.as_ref(), culprit);
-        if args.on_nan == "stop" {
-            bail!("{what} (--on-nan stop)");
+        match args.on_nan.as_str() {
+            "stop" => bail!("{what} (--on-nan stop)"),
+            "rewind" => self.guard_request_rewind(iteration, consumed, what),
+            _ => println!(" guard: {what}; update skipped (--on-nan skip)"),
         }
-        println!(" guard: {what}; update skipped (--on-nan skip)");
-        Ok(())
+        Ok(true)
     }
 
     /// Replays microbatches one at a time (pp = 1): `(microbatch, first sample, samples, first

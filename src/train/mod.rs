@@ -11,6 +11,7 @@ mod loss_scaling;
 pub mod memory;
 mod mpi_rank;
 mod multi_rank;
+pub mod rewind;
 mod setup;
 mod step;
 
@@ -63,6 +64,8 @@ pub struct Trainer {
     pub stop: Arc<AtomicBool>,
     /// The fp16 loss scaler (or `--loss-scale` with bf16); `None` otherwise (SPEC §6.7).
     pub loss_scaler: Option<megatron_optim::LossScaler>,
+    /// Spike detectors and a pending rewind (src/train/rewind.rs).
+    pub guard: rewind::GuardState,
 }
 
 /// What a run did (for tests and the CLI's exit message).
@@ -77,6 +80,10 @@ pub struct TrainSummary {
     pub final_iteration: u64,
     pub stopped_by_signal: bool,
     pub saved: Vec<u64>,
+    /// Rewinds to a checkpoint (`--on-nan rewind`, `--on-spike rewind`).
+    pub rewinds: Vec<rewind::Rewind>,
+    /// Iterations consumed without training (their batch is on `--skip-train-samples`).
+    pub skipped_batches: Vec<u64>,
 }
 
 impl Trainer {
@@ -141,7 +148,13 @@ impl Trainer {
         let mut last_saved = None;
         let mut model_metrics = log::ModelMetrics::default();
         while self.state.iteration < args.train_iters {
+            if self.guard_skip_listed(&mut summary)? {
+                continue;
+            }
             let step = self.train_step()?;
+            if self.guard_rewind(&mut summary)? {
+                continue;
+            }
             model_metrics.add(self.model.take_metrics());
             self.state.iteration += 1;
             self.state.consumed_train_samples += gbs as u64;

@@ -198,6 +198,7 @@ pub fn build_trainer_with_comm(
         tokenizer_fingerprint,
         stop,
         loss_scaler,
+        guard: Default::default(),
     };
     trainer.maybe_load()?;
     Ok(trainer)

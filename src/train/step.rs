@@ -99,9 +99,9 @@ impl Trainer {
             let (max, bk) = (self.cfg.args.clip_grad, self.backend.as_ref());
             megatron_optim::clip_grad_norm_sharded(&mut params, max, bk, &self.ctx, dp_group.as_ref())?
         };
-        self.guard_after_backward(iteration + 1, consumed, loss, grad_norm)?;
+        let held = self.guard_after_backward(iteration + 1, consumed, loss, grad_norm)?;
         let lr = self.lr_schedule.lr();
-        if !loss.is_finite() || !grad_norm.is_finite() {
+        if !loss.is_finite() || !grad_norm.is_finite() || held {
             // Megatron skips the update on inf/NaN (SPEC §6.7): the LR schedule does not step.
             return Ok(StepResult { loss, grad_norm, skipped: true, lr });
         }

@@ -1,0 +1,90 @@
+//! The loss and gradient-norm spike detectors of one run (`--spike-threshold`,
+//! `--grad-norm-spike-threshold`, `--spike-window`) judged together: an iteration either is
+//! healthy — then both values join their histories — or is a spike of one of them and joins
+//! neither (its update is not applied, so it must not shift what "normal" means).
+
+use crate::{Spike, SpikeDetector};
+
+/// Which value spiked, with the detector's numbers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SpikeVerdict {
+    Loss(Spike),
+    GradNorm(Spike),
+}
+
+impl SpikeVerdict {
+    /// `"loss spike: 6.1 vs mean 1.20 ± 0.05 of the last 20 iterations (z 98.0 > 6)"`.
+    pub fn describe(&self, window: usize, threshold: f64) -> String {
+        let (what, s) = match self {
+            SpikeVerdict::Loss(s) => ("loss", s),
+            SpikeVerdict::GradNorm(s) => ("grad-norm", s),
+        };
+        format!(
+            "{what} spike: {:.4} vs mean {:.4} ± {:.4} of up to {window} recent iterations (z {:.1} > {threshold})",
+            s.value, s.mean, s.std, s.z
+        )
+    }
+}
+
+/// Both detectors (either may be off).
+#[derive(Clone, Debug)]
+pub struct SpikeGuards {
+    loss: Option<SpikeDetector>,
+    grad_norm: Option<SpikeDetector>,
+}
+
+impl SpikeGuards {
+    /// `None` thresholds switch a detector off.
+    pub fn new(window: usize, loss_threshold: Option<f64>, grad_norm_threshold: Option<f64>) -> SpikeGuards {
+        SpikeGuards {
+            loss: loss_threshold.map(|z| SpikeDetector::new(window, z)),
+            grad_norm: grad_norm_threshold.map(|z| SpikeDetector::new(window, z)),
+        }
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.loss.is_some() || self.grad_norm.is_some()
+    }
+
+    /// Judges one iteration's finite `loss` and `grad_norm`; a healthy one joins the histories.
+    pub fn check(&mut self, loss: f64, grad_norm: f64) -> Option<SpikeVerdict> {
+        let verdict = self
+            .loss
+            .as_ref()
+            .and_then(|d| d.judge(loss))
+            .map(SpikeVerdict::Loss)
+            .or_else(|| self.grad_norm.as_ref().and_then(|d| d.judge(grad_norm)).map(SpikeVerdict::GradNorm));
+        if verdict.is_none() {
+            if let Some(d) = &mut self.loss {
+                d.accept(loss);
+            }
+            if let Some(d) = &mut self.grad_norm {
+                d.accept(grad_norm);
+            }
+        }
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spike_of_either_value_keeps_both_histories_clean() {
+        let mut g = SpikeGuards::new(8, Some(5.0), Some(5.0));
+        for i in 0..8 {
+            let wiggle = if i % 2 == 0 { 0.01 } else { -0.01 };
+            assert_eq!(g.check(2.0 + wiggle, 1.0 - wiggle), None, "iteration {i}");
+        }
+        let Some(SpikeVerdict::GradNorm(s)) = g.check(2.0, 9.0) else { panic!("grad-norm spike missed") };
+        assert!(s.z > 5.0 && (s.mean - 1.0).abs() < 1e-9);
+        let Some(SpikeVerdict::Loss(_)) = g.check(7.0, 1.0) else { panic!("loss spike missed") };
+        // Neither spike entered a history: the same ordinary values still pass, and the
+        // same spikes are still caught.
+        assert_eq!(g.check(2.01, 0.99), None);
+        assert!(matches!(g.check(2.0, 9.0), Some(SpikeVerdict::GradNorm(_))));
+        let off = SpikeGuards::new(8, None, None);
+        assert!(!off.is_active());
+    }
+}
