@@ -87,7 +87,7 @@ fn run(plugin: &[String], dir: &Path, name: &str, extra: &[&str]) -> Vec<(u64, f
     for line in text.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let (it, tag, value) = (v["iteration"].as_u64().unwrap(), v["tag"].as_str().unwrap(), v["value"].as_f64());
-        if !rows.last().is_some_and(|r| r.0 == it) {
+        if rows.last().is_none_or(|r| r.0 != it) {
             rows.push((it, f64::NAN, f64::NAN));
         }
         let row = rows.last_mut().unwrap();

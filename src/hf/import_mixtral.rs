@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// One exported tensor: `(HF name, shape, f32 data)`.
+pub type HfMixtralTensor = (String, Vec<usize>, Vec<f32>);
+
 /// Whether an HF `config.json` describes a Mixtral model.
 pub fn is_mixtral(cfg: &Value) -> bool {
     cfg["model_type"].as_str() == Some("mixtral")
@@ -118,7 +121,7 @@ pub fn export_hf_mixtral(
     config: &GptConfig,
     num_experts: usize,
     vocab: usize,
-) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+) -> Result<Vec<HfMixtralTensor>> {
     let tc = config.transformer_config();
     let (np, ng, hn, h) = (config.num_attention_heads, tc.query_groups(), tc.head_dim(), config.hidden_size);
     let params: HashMap<&str, &Param> = model.params().into_iter().map(|p| (p.name.as_str(), p)).collect();
