@@ -1,12 +1,13 @@
 //! Mixtral import (issue 17): a tiny random `MixtralForCausalLM` made by transformers at test
 //! time (`scripts/mixtral_tiny.py`, /work/venv/bin/python or $MEGATRON_TEST_PYTHON) is loaded
 //! into a GPT whose MLP slots the `moe` plugin fills; its logits equal transformers' within
-//! 1e-4 of the largest logit, and exporting back gives every HF tensor bit-identically.
+//! 1e-4 of the largest logit, exporting back gives every HF tensor bit-identically, and
+//! `megatron import hf` writes a checkpoint holding exactly the loaded weights.
 //! Skips when the Python environment (torch + transformers) is absent.
 
 use megatron::hf::import_mixtral::{export_hf_mixtral, load_hf_mixtral, mixtral_configs};
 use megatron_core::registry::ModelEnv;
-use megatron_core::{DType, HostBuffer, ParallelContext, Registry};
+use megatron_core::{DType, HostBuffer, ParallelContext, Param, Registry};
 use safetensors::SafeTensors;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -94,4 +95,43 @@ fn tiny_mixtral_logits_match_transformers_and_export_round_trips() {
         assert_eq!(s, shape, "{name} shape");
         assert!(d.iter().zip(&data).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} differs after export");
     }
+
+    // `megatron import hf` on the same directory writes exactly these weights.
+    let save = dir.join("ckpt");
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(plugin_args())
+        .args(["import", "hf", "--hf-dir"])
+        .arg(dir)
+        .arg("--save")
+        .arg(&save)
+        .args(["--make-vocab-size-divisible-by", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ckpt = megatron_checkpoint::load(&save, None).unwrap();
+    assert_eq!(ckpt.metadata.meta.args["num_experts"], json!(experts));
+    let mut loaded: Vec<Param> = model
+        .params()
+        .iter()
+        .map(|p| Param {
+            name: p.name.clone(),
+            value: backend.zeros(p.value.shape(), DType::F32).unwrap(),
+            grad: backend.zeros(&[0], DType::F32).unwrap(),
+            layout: p.layout.clone(),
+        })
+        .collect();
+    let mut refs: Vec<&mut Param> = loaded.iter_mut().collect();
+    ckpt.load_params(&mut refs, backend.as_ref()).unwrap();
+    for (a, b) in loaded.iter().zip(model.params()) {
+        assert_eq!(a.value.host_f32().unwrap(), b.value.host_f32().unwrap(), "{} in the imported checkpoint", a.name);
+    }
+}
+
+/// `--plugin <debug cdylib>` for the binary unless it links the plugin (feature `moe`).
+fn plugin_args() -> Vec<PathBuf> {
+    if cfg!(feature = "moe") {
+        return Vec::new();
+    }
+    let target = std::env::var("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|_| workspace().join("target"));
+    vec!["--plugin".into(), target.join("debug").join("libmegatron_moe.so")]
 }
