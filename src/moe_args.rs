@@ -47,6 +47,12 @@ pub struct MoeArgs {
     /// Accepted for Megatron compatibility: the plugin always uses its grouped GEMM.
     #[arg(long)]
     pub moe_grouped_gemm: bool,
+    /// Width of the shared expert (a dense MLP every token goes through).
+    #[arg(long)]
+    pub moe_shared_expert_intermediate_size: Option<usize>,
+    /// Gate the shared expert's output per token with a sigmoid.
+    #[arg(long)]
+    pub moe_shared_expert_gate: bool,
 }
 
 impl MoeArgs {
@@ -76,6 +82,8 @@ impl MoeArgs {
             "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
             "expert_model_parallel_size": self.expert_model_parallel_size,
             "num_microbatches": num_microbatches,
+            "moe_shared_expert_intermediate_size": self.moe_shared_expert_intermediate_size,
+            "moe_shared_expert_gate": self.moe_shared_expert_gate,
         }))
     }
 }

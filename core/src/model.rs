@@ -58,6 +58,12 @@ pub struct ParamLayout {
     /// original) and checkpoints store it once (the original), loading it back by name.
     #[serde(default)]
     pub shared_copy: bool,
+    /// Held by one expert-parallel rank only (an MoE expert's weight, SPEC §5.8): its gradient
+    /// is reduced over the expert-data-parallel group (`ParallelContext::edp_group`), the
+    /// gradient norm adds it up over the expert-parallel group, and checkpoints are written
+    /// by expert-data-parallel rank 0.
+    #[serde(default)]
+    pub expert_parallel: bool,
 }
 
 impl ParamLayout {
@@ -70,6 +76,7 @@ impl ParamLayout {
             tp_size: 1,
             no_weight_decay,
             shared_copy: false,
+            expert_parallel: false,
         }
     }
 

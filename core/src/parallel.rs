@@ -99,6 +99,10 @@ impl RankGrid {
             mp_group: self.group_varying(rank, "mp", [true, false, false, true]),
             embedding_group: Group::new("embedding", emb),
             comm,
+            expert_model_parallel_size: 1,
+            ep_rank: 0,
+            ep_group: Group::new("ep", vec![rank]),
+            edp_group: self.group_varying(rank, "edp", [false, true, true, false]),
         }
     }
 }
@@ -122,6 +126,16 @@ pub struct ParallelContext {
     /// First and last pipeline stage of this pipeline (tied embeddings).
     pub embedding_group: Group,
     pub comm: Arc<dyn Communicator>,
+    /// Expert grid (SPEC §5.1 "parallel folding", expert TP = 1 here): `--expert-model-parallel-size`,
+    /// 1 unless [`ParallelContext::with_expert_parallel`] set it.
+    pub expert_model_parallel_size: usize,
+    /// This rank's position in `ep_group`.
+    pub ep_rank: usize,
+    /// Ranks sharing one set of experts between them (each holds `E/ep` of them).
+    pub ep_group: Group,
+    /// Expert-data-parallel group: the replicas of this rank's experts; expert gradients are
+    /// reduced over it instead of the DP×CP group (SPEC §5.8). With ep = 1 it is the DP×CP group.
+    pub edp_group: Group,
 }
 
 impl std::fmt::Debug for ParallelContext {
@@ -160,6 +174,36 @@ impl ParallelContext {
     /// Megatron's `post_process`: this stage holds the final norm, output layer and loss.
     pub fn is_last_stage(&self) -> bool {
         self.pp_rank + 1 == self.grid.pp
+    }
+
+    /// This context with `ep`-way expert parallelism (SPEC §5.1, §5.8): the expert grid is
+    /// carved out of the DP×CP ranks of each (tp, pp) position — position `q = cp_rank +
+    /// cp·dp_rank` there has expert-parallel rank `q % ep` and expert-data-parallel rank
+    /// `q / ep`, so the EP group is `ep` consecutive DP×CP ranks. Expert TP equals 1 (no
+    /// expert sharding over TP): `ep > 1` with tp > 1 is refused.
+    pub fn with_expert_parallel(mut self, ep: usize) -> Result<ParallelContext> {
+        let dp_cp = self.grid.group_varying(self.rank, "dp-cp", [false, true, true, false]).ranks;
+        if ep == 0 || !dp_cp.len().is_multiple_of(ep) {
+            bail!(
+                "--expert-model-parallel-size {ep} must divide data-parallel x context-parallel size {}",
+                dp_cp.len()
+            );
+        }
+        if ep > 1 && self.grid.tp > 1 {
+            bail!(
+                "--expert-model-parallel-size {ep} with --tensor-model-parallel-size {} needs expert tensor \
+                 parallelism, which is not implemented: use tp 1 with ep > 1",
+                self.grid.tp
+            );
+        }
+        let q = dp_cp.iter().position(|&r| r == self.rank).unwrap_or(0);
+        let start = q / ep * ep;
+        self.ep_group = Group::new(format!("ep{}", dp_cp[start]), dp_cp[start..start + ep].to_vec());
+        self.edp_group =
+            Group::new(format!("edp{}", dp_cp[q % ep]), dp_cp.iter().skip(q % ep).step_by(ep).copied().collect());
+        self.ep_rank = q - start;
+        self.expert_model_parallel_size = ep;
+        Ok(self)
     }
 }
 
@@ -216,5 +260,21 @@ mod tests {
         assert_eq!(ctx(3).pp_group.ranks, vec![3, 7]);
         assert_eq!(ctx(3).embedding_group.ranks, vec![3, 7]);
         assert!(RankGrid::new(6, 4, 1, 1).is_err());
+    }
+
+    #[test]
+    fn expert_groups_fold_over_data_parallel() {
+        // W=8, tp=1, pp=2, dp=4, ep=2: EP groups are consecutive DP ranks, EDP the rest.
+        let g = RankGrid::new(8, 1, 1, 2).unwrap();
+        let ctx = |r| g.context(r, Arc::new(SingleRankCommunicator)).with_expert_parallel(2).unwrap();
+        assert_eq!(ctx(0).ep_group.ranks, vec![0, 1]);
+        assert_eq!(ctx(3).ep_group.ranks, vec![2, 3]);
+        assert_eq!(ctx(3).ep_rank, 1);
+        assert_eq!(ctx(1).edp_group.ranks, vec![1, 3]);
+        assert_eq!(ctx(6).edp_group.ranks, vec![4, 6]);
+        assert_eq!(g.context(5, Arc::new(SingleRankCommunicator)).edp_group.ranks, vec![4, 5, 6, 7]);
+        assert!(g.context(0, Arc::new(SingleRankCommunicator)).with_expert_parallel(3).is_err());
+        let tp2 = RankGrid::new(4, 2, 1, 1).unwrap();
+        assert!(tp2.context(0, Arc::new(SingleRankCommunicator)).with_expert_parallel(2).is_err());
     }
 }

@@ -6,6 +6,7 @@ pub mod export;
 pub mod gguf;
 pub mod import;
 pub mod import_llama;
+pub mod import_mixtral;
 
 use clap::Subcommand;
 

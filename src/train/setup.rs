@@ -39,6 +39,7 @@ pub fn build_trainer_with_comm(
             "context_parallel_size": a.context_parallel_size,
             "ddp_bucket_size": a.ddp_bucket_size,
             "overlap_grad_reduce": a.overlap_grad_reduce,
+            "expert_model_parallel_size": a.moe.expert_model_parallel_size,
         }),
     )?;
     let ctx = strategy.build_context(comm)?;
@@ -130,14 +131,8 @@ pub fn build_trainer_with_comm(
     let train = cursor(splits.train, "train");
     anyhow::ensure!(train.is_some(), "the --split string gives the training split no data");
 
-    // `--num-experts`: the `moe` plugin fills the MLP slots (an error naming the plugin otherwise).
-    anyhow::ensure!(
-        a.moe.expert_model_parallel_size == 1,
-        "--expert-model-parallel-size {} is not wired into `pretrain` yet: the data-parallel gradient reduction \
-         would average different experts' gradients (expert parallelism is implemented and parity-tested at the \
-         layer level in plugins/moe, tests/ep_parity.rs); use --expert-model-parallel-size 1",
-        a.moe.expert_model_parallel_size
-    );
+    // `--num-experts`: the `moe` plugin fills the MLP slots (an error naming the plugin otherwise);
+    // with --expert-model-parallel-size > 1 the strategy folded the expert grid over DP (§5.8).
     let moe_provider = match a.moe.plugin_config(cfg.num_microbatches) {
         Some(config) => Some(registry.mlp_provider("moe", config)?),
         None => None,

@@ -194,6 +194,7 @@ impl ModuleBuilder {
             tp_size,
             no_weight_decay: global_shape.len() == 1,
             shared_copy: false,
+            expert_parallel: false,
         };
         Ok(Param { name: name.to_string(), value, grad, layout })
     }

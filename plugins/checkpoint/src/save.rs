@@ -1,5 +1,5 @@
 //! Saving: every model-parallel rank with `dp_rank == 0` (and `cp_rank == 0`) writes its own
-//! safetensors file, the ranks exchange their tensor indices, and global rank 0 writes
+//! safetensors file (expert weights: expert-data-parallel rank 0 of each expert-parallel rank), the ranks exchange their tensor indices, and global rank 0 writes
 //! `metadata.json`, commits the directory and moves the tracker.
 //!
 //! Order (each step durable before the next): rank 0 removes crash leftovers and creates
@@ -44,7 +44,7 @@ pub fn save(
     let prepared = if is_root { prepare(dir, iteration) } else { Ok(()) };
     agree(ctx, prepared, "preparing the checkpoint directory")?;
 
-    let writes = ctx.dp_rank == 0 && ctx.cp_rank == 0;
+    let writes = dense_writer(ctx) || expert_writer(ctx);
     let index = if writes {
         write_shard(dir, iteration, model_params, optimizer.as_ref(), backend, ctx)
     } else {
@@ -73,8 +73,29 @@ fn prepare(dir: &Path, iteration: u64) -> Result<()> {
 /// Whether this rank stores the shard of a parameter with `layout`. A pipeline stage's copy of
 /// another stage's parameter (`shared_copy`, the tied embedding on the last stage) is stored
 /// once, by the original's stage; loading finds it by its (identical) name.
+/// Expert weights (`expert_parallel`) are stored by their expert-data-parallel rank 0 (SPEC
+/// §5.8), named by global expert id, so a checkpoint saved at one EP size loads at another.
 fn stores(layout: &ParamLayout, ctx: &ParallelContext) -> bool {
-    !layout.shared_copy && (layout.tp_axis.is_some() || ctx.tp_rank == 0)
+    let writer = if layout.expert_parallel { expert_writer(ctx) } else { dense_writer(ctx) };
+    writer && !layout.shared_copy && (layout.tp_axis.is_some() || ctx.tp_rank == 0)
+}
+
+fn dense_writer(ctx: &ParallelContext) -> bool {
+    ctx.dp_rank == 0 && ctx.cp_rank == 0
+}
+
+/// Rank 0 of the expert-data-parallel group (with ep = 1 the same rank as [`dense_writer`]).
+fn expert_writer(ctx: &ParallelContext) -> bool {
+    ctx.edp_group.ranks.first() == Some(&ctx.rank)
+}
+
+/// The shard file of this rank: expert-parallel ranks after the first get their own file.
+fn file_name(ctx: &ParallelContext) -> String {
+    let base = shard_file_name(ctx.tp_rank, ctx.pp_rank);
+    match ctx.ep_rank {
+        0 => base,
+        ep => base.replace(".safetensors", &format!("_ep{ep:03}.safetensors")),
+    }
 }
 
 /// A tensor ready for the safetensors file.
@@ -93,7 +114,7 @@ fn write_shard(
     backend: &dyn Backend,
     ctx: &ParallelContext,
 ) -> Result<BTreeMap<String, TensorEntry>> {
-    let file = shard_file_name(ctx.tp_rank, ctx.pp_rank);
+    let file = file_name(ctx);
     let mut by_name: HashMap<&str, &Param> = HashMap::new();
     for p in params {
         if by_name.insert(&p.name, p).is_some() {

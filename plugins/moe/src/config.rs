@@ -93,6 +93,12 @@ pub struct MoeConfig {
     /// LM loss (Megatron's `MoEAuxLossAutoScaler`). Set by the driver.
     #[serde(default = "one")]
     pub num_microbatches: usize,
+    /// Width of the shared expert every token goes through (`None`: no shared expert).
+    #[serde(default)]
+    pub moe_shared_expert_intermediate_size: Option<usize>,
+    /// Scale the shared expert's output by `σ(x · gate_weightᵀ)` per token.
+    #[serde(default)]
+    pub moe_shared_expert_gate: bool,
 }
 
 impl MoeConfig {
@@ -147,6 +153,12 @@ impl MoeConfig {
         }
         if c.moe_aux_loss_coeff < 0.0 || c.moe_z_loss_coeff.is_some_and(|z| z < 0.0) {
             bail!("--moe-aux-loss-coeff and --moe-z-loss-coeff must be >= 0");
+        }
+        if c.moe_shared_expert_intermediate_size == Some(0) {
+            bail!("--moe-shared-expert-intermediate-size must be >= 1");
+        }
+        if c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size.is_none() {
+            bail!("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
         }
         if c.num_microbatches == 0 {
             bail!("num_microbatches must be >= 1");

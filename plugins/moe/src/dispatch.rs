@@ -25,6 +25,8 @@ pub struct EpGroup {
 }
 
 impl EpGroup {
+    /// The EP group of `ctx` (its expert grid, `ParallelContext::with_expert_parallel`), or,
+    /// for a context built without one (layer-level tests), the same grid derived here.
     pub fn new(ctx: &ParallelContext, backend: Arc<dyn Backend>, ep: usize) -> Result<EpGroup> {
         if ep > 1 && (ctx.tp_size() > 1 || ctx.grid.cp > 1) {
             bail!(
@@ -32,20 +34,17 @@ impl EpGroup {
                  plugin (expert-TP and the TP×EP dispatch); use tp = cp = 1 with ep > 1"
             );
         }
-        let dp = &ctx.dp_group;
-        if !dp.size().is_multiple_of(ep) {
-            bail!("--expert-model-parallel-size {ep} must divide the data-parallel size {}", dp.size());
-        }
-        let pos = dp.index_of(ctx.rank).unwrap_or(0);
-        let start = pos / ep * ep;
-        let ranks = dp.ranks[start..start + ep].to_vec();
-        Ok(EpGroup {
-            group: Group::new(format!("ep{}", ranks[0]), ranks),
-            rank: pos - start,
-            size: ep,
-            comm: ctx.comm.clone(),
-            backend,
-        })
+        let ctx = if ctx.expert_model_parallel_size == ep {
+            ctx.clone()
+        } else if ctx.expert_model_parallel_size == 1 {
+            ctx.clone().with_expert_parallel(ep)?
+        } else {
+            bail!(
+                "the moe plugin was configured for --expert-model-parallel-size {ep} but the parallel context has {}",
+                ctx.expert_model_parallel_size
+            );
+        };
+        Ok(EpGroup { group: ctx.ep_group.clone(), rank: ctx.ep_rank, size: ep, comm: ctx.comm.clone(), backend })
     }
 
     fn tensor(&self, v: Vec<f32>, rows: usize, width: usize) -> Result<DeviceTensor> {

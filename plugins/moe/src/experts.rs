@@ -70,7 +70,29 @@ impl Experts {
             )?);
             fc2.push(normal_param(backend.as_ref(), &format!("{p}.linear_fc2.weight"), &[hidden, ffn], out_std, seed)?);
         }
+        // Only this expert-parallel rank holds these experts (SPEC §5.8).
+        for p in fc1.iter_mut().chain(fc2.iter_mut()) {
+            p.layout.expert_parallel = true;
+        }
         Ok(Experts { backend, hidden, ffn, swiglu, grouped, fc1, fc2 })
+    }
+
+    /// The shared expert (SPEC §4.12 `--moe-shared-expert-intermediate-size`): one MLP of width
+    /// `ffn` that every token goes through, `{prefix}.shared_experts.linear_fc{1,2}.weight`,
+    /// replicated like a dense MLP (not expert-parallel).
+    pub fn shared(
+        backend: Arc<dyn Backend>,
+        prefix: &str,
+        (hidden, ffn): (usize, usize),
+        swiglu: bool,
+        (std, out_std, seed): (f32, f32, u64),
+    ) -> Result<Experts> {
+        let gates = if swiglu { 2 } else { 1 };
+        let p = format!("{prefix}.shared_experts");
+        let bk = backend.as_ref();
+        let fc1 = vec![normal_param(bk, &format!("{p}.linear_fc1.weight"), &[gates * ffn, hidden], std, seed)?];
+        let fc2 = vec![normal_param(bk, &format!("{p}.linear_fc2.weight"), &[hidden, ffn], out_std, seed)?];
+        Ok(Experts { backend, hidden, ffn, swiglu, grouped: true, fc1, fc2 })
     }
 
     fn fc1_width(&self) -> usize {

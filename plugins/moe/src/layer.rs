@@ -13,6 +13,7 @@ use crate::dispatch::{gather_rows, scatter_rows, EpGroup};
 use crate::experts::{ExpertSaved, Experts};
 use crate::init::normal_param;
 use crate::router::{self, Score};
+use crate::shared::SharedExpert;
 use anyhow::{bail, Result};
 use megatron_core::{
     Backend, DType, DeviceTensor, GemmSpec, HostBuffer, MlpEnv, MlpModule, MlpStep, ParallelContext, Param, ReduceOp,
@@ -51,6 +52,8 @@ pub struct MoeLayer {
     /// `{prefix}.router.weight` `(E, C)`.
     pub router: Param,
     pub experts: Experts,
+    /// `--moe-shared-expert-intermediate-size`: added to the routed output.
+    pub shared: Option<SharedExpert>,
     /// Aux-loss-free balancing bias (selection only), updated once per step.
     pub expert_bias: Vec<f32>,
     /// Tokens routed per expert in this step's microbatches (bias update).
@@ -92,6 +95,17 @@ impl MoeLayer {
             cfg.moe_grouped_gemm,
             (env.init_method_std, env.output_init_std, env.seed),
         )?;
+        let shared = match cfg.moe_shared_expert_intermediate_size {
+            Some(f) => Some(SharedExpert::new(
+                backend.clone(),
+                &env.prefix,
+                (env.hidden_size, f),
+                env.swiglu,
+                cfg.moe_shared_expert_gate,
+                (env.init_method_std, env.output_init_std, env.seed),
+            )?),
+            None => None,
+        };
         let bk = backend.as_ref();
         let z = || bk.zeros(&[0], DType::F32);
         let zi = || bk.zeros(&[0], DType::I32);
@@ -116,6 +130,7 @@ impl MoeLayer {
             local,
             router,
             experts,
+            shared,
             expert_bias: vec![0.0; e],
             step_counts: vec![0.0; e],
             global_counts: vec![0.0; e],
@@ -318,11 +333,14 @@ impl MlpModule for MoeLayer {
         let n = x.numel() / c;
         let (idx, gate, kept) = self.route(x, n, step)?;
         let xv = x.host_f32()?;
-        let o = if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
+        let mut o = if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
             self.forward_allgather(xv, &idx, &gate, &kept, n)?
         } else {
             self.forward_alltoall(xv, &idx, &gate, &kept, n)?
         };
+        if let Some(shared) = self.shared.as_mut() {
+            o.iter_mut().zip(shared.forward(xv)?).for_each(|(a, b)| *a += b);
+        }
         if out.shape() != x.shape() || out.dtype() != DType::F32 {
             *out = self.backend.zeros(x.shape(), DType::F32)?;
         }
@@ -338,7 +356,7 @@ impl MlpModule for MoeLayer {
         let sizes = self.counts_from_sizes()?;
         let (mut dx, mut dgate) = (vec![0.0f32; n * c], vec![0.0f32; n * k]);
         if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
-            let d_all = self.ep.all_gather(dov, c)?;
+            let d_all = self.ep.all_gather(dov.clone(), c)?;
             let dz: Vec<f32> = perm.iter().flat_map(|&a| d_all[(a / k) * c..(a / k + 1) * c].iter().copied()).collect();
             let rows = self.backward_experts(&dz, &sizes, n)?;
             let (mut pdx, mut pdg) = (vec![0.0f32; d_all.len()], vec![0.0f32; self.ep.size * n * k]);
@@ -368,6 +386,9 @@ impl MlpModule for MoeLayer {
                 dx[t * c..(t + 1) * c].iter_mut().zip(&row[..c]).for_each(|(o, v)| *o += v);
                 dgate[a] = row[c];
             }
+        }
+        if let Some(shared) = self.shared.as_mut() {
+            shared.backward(x.host_f32()?, &dov, &mut dx)?;
         }
         // Router: gate gradient → logits (+ aux/z-loss gradient) → x and the router weight.
         let lv = self.saved.logits.host_f32()?;
@@ -401,18 +422,27 @@ impl MlpModule for MoeLayer {
             &mut s.sizes,
         ];
         v.extend(s.experts.tensors_mut());
+        if let Some(shared) = self.shared.as_mut() {
+            v.extend(shared.tensors_mut());
+        }
         v
     }
 
     fn params(&self) -> Vec<&Param> {
         let mut p = vec![&self.router];
         p.extend(self.experts.fc1.iter().zip(&self.experts.fc2).flat_map(|(a, b)| [a, b]));
+        if let Some(shared) = &self.shared {
+            p.extend(shared.params());
+        }
         p
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
         let mut p = vec![&mut self.router];
         p.extend(self.experts.fc1.iter_mut().zip(self.experts.fc2.iter_mut()).flat_map(|(a, b)| [a, b]));
+        if let Some(shared) = self.shared.as_mut() {
+            p.extend(shared.params_mut());
+        }
         p
     }
 

@@ -8,6 +8,7 @@
 //!   aux / seq / global load-balancing losses, z-loss, capacity and token dropping.
 //! * [`experts`]: the local experts' MLPs (SwiGLU or GeLU) through one grouped GEMM per matmul.
 //! * [`dispatch`]: the token dispatchers (`alltoall`, `allgather`) over the expert-parallel group.
+//! * [`shared`]: the shared expert (`--moe-shared-expert-intermediate-size`, optional gate).
 //! * [`layer`]: [`MoeLayer`], the `MlpModule` tying them together, and its metrics.
 
 pub mod config;
@@ -16,6 +17,7 @@ pub mod experts;
 pub mod init;
 pub mod layer;
 pub mod router;
+pub mod shared;
 
 pub use config::MoeConfig;
 pub use layer::MoeLayer;

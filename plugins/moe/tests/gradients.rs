@@ -115,3 +115,12 @@ fn capacity_dropping_both_policies_and_padding() {
         );
     }
 }
+
+#[test]
+fn shared_expert_with_and_without_its_gate() {
+    let base = json!({"num_experts": 4, "moe_router_topk": 2, "moe_shared_expert_intermediate_size": 6});
+    let mut gated = base.clone();
+    gated["moe_shared_expert_gate"] = json!(true);
+    check(gated, true, None);
+    check(base, false, None);
+}

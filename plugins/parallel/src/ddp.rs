@@ -24,7 +24,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
     Backend, Communicator, DType, DeviceTensor, GradSync, Group, HostBuffer, ParallelContext, Param, ReduceOp,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -112,6 +112,10 @@ pub struct DdpReducer {
     thread: Option<CommThread>,
     in_flight: usize,
     shard: bool,
+    /// Expert parameters (`ParamLayout::expert_parallel`): not bucketed; summed over
+    /// `edp_group` after the same `1/(dp·cp)` pre-scale, in `finish` (SPEC §5.8).
+    experts: HashSet<String>,
+    edp_group: Group,
 }
 
 impl DdpReducer {
@@ -135,6 +139,19 @@ impl DdpReducer {
         ctx: &ParallelContext,
     ) -> Result<DdpReducer> {
         let group = dp_cp_group(ctx);
+        // With ep = 1 the expert-data-parallel group is the DP×CP group: experts are buckets'
+        // ordinary members (and the distributed optimizer shards them like the rest).
+        let split = ctx.expert_model_parallel_size > 1;
+        let (experts, params): (Vec<&Param>, Vec<&Param>) =
+            params.iter().partition(|p| split && p.layout.expert_parallel);
+        if !experts.is_empty() && options.shard_for_distributed_optimizer {
+            bail!(
+                "--use-distributed-optimizer with expert-parallel parameters (`{}`) is not implemented: \
+                 drop --use-distributed-optimizer or use --expert-model-parallel-size 1",
+                experts[0].name
+            );
+        }
+        let params = params.as_slice();
         let bucket_size = match (options.overlap_grad_reduce, options.bucket_size) {
             (_, Some(0)) => bail!("--ddp-bucket-size must be > 0"),
             (true, size) => Some(size.unwrap_or_else(|| default_bucket_size(group.size()))),
@@ -169,6 +186,8 @@ impl DdpReducer {
             thread,
             in_flight: 0,
             shard: options.shard_for_distributed_optimizer,
+            experts: experts.iter().map(|p| p.name.clone()).collect(),
+            edp_group: ctx.edp_group.clone(),
         };
         r.reset();
         Ok(r)
@@ -298,10 +317,17 @@ impl DdpReducer {
     }
 
     fn finish_inner(&mut self, params: &mut [&mut Param], backend: &dyn Backend) -> Result<()> {
-        if params.len() != self.names.len() {
-            bail!("finish got {} parameters, the reducer was built for {}", params.len(), self.names.len());
+        if params.len() != self.names.len() + self.experts.len() {
+            bail!(
+                "finish got {} parameters, the reducer was built for {}",
+                params.len(),
+                self.names.len() + self.experts.len()
+            );
         }
         for p in params.iter() {
+            if self.experts.contains(&p.name) {
+                continue;
+            }
             let &(b, k) = self
                 .slot
                 .get(&p.name)
@@ -349,6 +375,23 @@ impl DdpReducer {
                 backend.copy(&src, &mut p.grad).with_context(|| format!("writing back the gradient of {}", p.name))?;
             }
         }
+        // After the buckets (and the overlap thread) are done: one collective at a time.
+        self.reduce_experts(params, backend)
+    }
+}
+
+impl DdpReducer {
+    /// Expert gradients: `1/(dp·cp)` then SUM over the expert-data-parallel group, one
+    /// collective per parameter in registration order (the same on every replica).
+    fn reduce_experts(&self, params: &mut [&mut Param], backend: &dyn Backend) -> Result<()> {
+        for p in params.iter_mut().filter(|p| self.experts.contains(&p.name)) {
+            backend.scale(&mut p.grad, self.scale)?;
+            if self.edp_group.size() > 1 {
+                self.comm.all_reduce(&self.edp_group, &mut p.grad, ReduceOp::Sum).with_context(|| {
+                    format!("all-reducing expert gradient `{}` over the expert-data-parallel group", p.name)
+                })?;
+            }
+        }
         Ok(())
     }
 }
@@ -360,6 +403,9 @@ impl GradSync for DdpReducer {
             return Ok(());
         }
         for p in params {
+            if self.experts.contains(&p.name) {
+                continue;
+            }
             if let Some(b) = self.stage(p)? {
                 self.launch(b)?;
             }

@@ -31,6 +31,9 @@ pub struct StrategyConfig {
     /// its gradients are final in the last microbatch's backward.
     #[serde(default)]
     pub overlap_grad_reduce: bool,
+    /// `--expert-model-parallel-size`: the expert grid folded over DP×CP (SPEC §5.1, §5.8).
+    #[serde(default = "one")]
+    pub expert_model_parallel_size: usize,
 }
 
 fn one() -> usize {
@@ -45,6 +48,7 @@ impl Default for StrategyConfig {
             context_parallel_size: 1,
             ddp_bucket_size: None,
             overlap_grad_reduce: false,
+            expert_model_parallel_size: 1,
         }
     }
 }
@@ -63,6 +67,7 @@ impl MegatronStrategy {
             (config.tensor_model_parallel_size, "--tensor-model-parallel-size"),
             (config.pipeline_model_parallel_size, "--pipeline-model-parallel-size"),
             (config.context_parallel_size, "--context-parallel-size"),
+            (config.expert_model_parallel_size, "--expert-model-parallel-size"),
         ] {
             if v == 0 {
                 bail!("{flag} must be >= 1");
@@ -110,7 +115,7 @@ impl ParallelStrategy for MegatronStrategy {
         if rank >= grid.world_size() {
             bail!("communicator `{}` reports rank {rank} in a world of {} ranks", comm.name(), grid.world_size());
         }
-        Ok(grid.context(rank, comm))
+        grid.context(rank, comm).with_expert_parallel(c.expert_model_parallel_size)
     }
 
     /// Megatron's DDP buckets (and, with `overlap_grad_reduce`, the overlapped reduction);
@@ -138,11 +143,16 @@ impl ParallelStrategy for MegatronStrategy {
             return Ok(());
         }
         // Pre-scaling (rather than dividing the sum) is Megatron's default and keeps the
-        // partial sums in range for low-precision gradient buffers.
+        // partial sums in range for low-precision gradient buffers. Expert parameters get the
+        // same `1/(dp·cp)` but are summed over the expert-data-parallel group (SPEC §5.6, §5.8).
         let scale = 1.0 / group.size() as f32;
         for p in params.iter_mut() {
             backend.scale(&mut p.grad, scale).with_context(|| format!("pre-scaling the gradient of {}", p.name))?;
-            ctx.comm.all_reduce(&group, &mut p.grad, ReduceOp::Sum)?;
+            let expert = p.layout.expert_parallel && ctx.expert_model_parallel_size > 1;
+            let g = if expert { &ctx.edp_group } else { &group };
+            if g.size() > 1 {
+                ctx.comm.all_reduce(g, &mut p.grad, ReduceOp::Sum)?;
+            }
         }
         Ok(())
     }

@@ -66,3 +66,23 @@ fn one_replica_is_a_no_op() {
     assert_eq!(a.grad.host_f32().unwrap(), [1.5]);
     assert!(comm.calls.lock().unwrap().is_empty());
 }
+
+#[test]
+fn expert_grads_are_summed_over_the_expert_data_parallel_group() {
+    // W=4, dp4 ep2: rank 1 holds experts with rank 3 (EDP group [1, 3]); the dense grad goes
+    // over [0, 1, 2, 3]. Both are pre-scaled by 1/dp (SPEC §5.6): the others contribute zeros.
+    let comm = Arc::new(FakeComm::lonely(1, 4));
+    let config = StrategyConfig { expert_model_parallel_size: 2, ..StrategyConfig::default() };
+    let s = MegatronStrategy::new(config).unwrap();
+    let ctx = s.build_context(comm.clone()).unwrap();
+    assert_eq!((ctx.ep_group.ranks.as_slice(), ctx.edp_group.ranks.as_slice()), (&[0, 1][..], &[1, 3][..]));
+    let mut dense = param("dense", &[8.0]);
+    let mut expert = param("expert", &[4.0]);
+    expert.layout.expert_parallel = true;
+    s.reduce_gradients(&mut [&mut dense, &mut expert], &megatron_cpu::CpuBackend::new(), &ctx).unwrap();
+    assert_eq!(dense.grad.host_f32().unwrap(), [2.0]);
+    assert_eq!(expert.grad.host_f32().unwrap(), [1.0]);
+    let calls = comm.calls.lock().unwrap();
+    let groups: Vec<&[usize]> = calls.iter().map(|(_, ranks, _)| ranks.as_slice()).collect();
+    assert_eq!(groups, [&[0, 1, 2, 3][..], &[1, 3][..]]);
+}

@@ -53,6 +53,7 @@ pub fn layout(global: &[usize], tp_axis: Option<usize>, tp_rank: usize, tp_size:
         tp_size,
         no_weight_decay: global.len() == 1,
         shared_copy: false,
+        expert_parallel: false,
     }
 }
 
