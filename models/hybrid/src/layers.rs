@@ -26,7 +26,7 @@ pub enum Branch {
 }
 
 pub struct HybridLayer {
-    backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     pub kind: LayerKind,
     pub layer_number: usize,
     pub norm: Box<dyn NormLayer>,

@@ -8,6 +8,8 @@
 //! host f32 (the CPU backend); moving them behind `Backend` ops for other backends is left.
 
 pub mod config;
+pub mod decode;
+pub mod hf;
 pub mod layers;
 pub mod mixer;
 pub mod model;

@@ -103,7 +103,7 @@ fn accumulate(be: &dyn Backend, p: &mut Param, g: Vec<f32>) -> Result<()> {
 }
 
 /// Columns `[from, from + w)` of the `(rows, width)` matrix `m`.
-fn cols(m: &[f32], width: usize, from: usize, w: usize) -> Vec<f32> {
+pub(crate) fn cols(m: &[f32], width: usize, from: usize, w: usize) -> Vec<f32> {
     m.chunks(width).flat_map(|r| r[from..from + w].iter().copied()).collect()
 }
 
@@ -162,6 +162,14 @@ impl MambaMixer {
             eps,
             saved: Saved::default(),
         })
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub(crate) fn eps(&self) -> f32 {
+        self.eps
     }
 
     fn ssd_dims(&self, batch: usize, seq: usize) -> SsdDims {

@@ -104,6 +104,21 @@ impl HybridModel {
         })
     }
 
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+
+    /// Logits `(rows, V_padded)` of the output layer on `head_in (rows, C)`.
+    pub(crate) fn head_logits(&self, head_in: &DeviceTensor, rows: usize) -> Result<DeviceTensor> {
+        let mut logits = self.backend.zeros(&[rows, self.vocab_padded], DType::F32)?;
+        let w = match &self.output_layer {
+            Some(p) => &p.value,
+            None => &self.embedding.word_embeddings.weight.value,
+        };
+        linear_forward(self.backend.as_ref(), head_in, w, self.vocab_mask.as_ref(), &mut logits)?;
+        Ok(logits)
+    }
+
     pub fn config(&self) -> &HybridConfig {
         &self.config
     }
@@ -136,12 +151,8 @@ impl HybridModel {
         }
         let mut head_in = be.zeros(&shape, DType::F32)?;
         self.final_norm.forward(stream.last().unwrap_or_else(|| unreachable!()), &mut head_in)?;
-        self.logits = be.zeros(&[step.batch, step.seq, self.vocab_padded], DType::F32)?;
-        let w = match &self.output_layer {
-            Some(p) => &p.value,
-            None => &self.embedding.word_embeddings.weight.value,
-        };
-        linear_forward(be, &head_in, w, self.vocab_mask.as_ref(), &mut self.logits)?;
+        self.logits = self.head_logits(&head_in, step.tokens())?;
+        self.logits.reshape(&[step.batch, step.seq, self.vocab_padded])?;
         Ok((stream, head_in))
     }
 }
