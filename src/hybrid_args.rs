@@ -25,22 +25,56 @@ pub struct HybridArgs {
     /// Mamba-2 heads H (default `2 * hidden / head_dim`).
     #[arg(long)]
     pub mamba_num_heads: Option<usize>,
+    /// Deprecated Megatron name of `--hybrid-layer-pattern`.
+    #[arg(long)]
+    pub hybrid_override_pattern: Option<String>,
+    /// Fraction of attention layers for the automatic pattern (Megatron's allocation).
+    #[arg(long, default_value_t = 0.0)]
+    pub hybrid_attention_ratio: f64,
+    /// Fraction of MLP layers for the automatic pattern.
+    #[arg(long, default_value_t = 0.0)]
+    pub hybrid_mlp_ratio: f64,
     /// Steps per chunk of the SSD scan (megatron-rs; Megatron's kernel uses 128).
     #[arg(long, default_value_t = 128)]
     pub mamba_chunk_size: usize,
 }
 
-/// The layer pattern of `--model NAME`, or why there is none.
+/// The layer pattern of `--model NAME`, or why there is none: `--hybrid-layer-pattern` (or the
+/// deprecated `--hybrid-override-pattern`), else Megatron's allocation from the ratios (all `M`
+/// when both are 0). With both, the symbol counts must agree (SPEC §4.11).
 pub fn pattern(a: &PretrainArgs) -> Result<String, String> {
-    match (&a.hybrid.hybrid_layer_pattern, a.model.as_str()) {
-        (Some(p), _) if p.chars().count() != a.num_layers => Err(format!(
+    let h = &a.hybrid;
+    let given = h.hybrid_layer_pattern.as_ref().or(h.hybrid_override_pattern.as_ref());
+    let ratios = h.hybrid_attention_ratio > 0.0 || h.hybrid_mlp_ratio > 0.0;
+    #[cfg(feature = "hybrid")]
+    let auto = || {
+        megatron_hybrid::config::allocate_pattern(a.num_layers, h.hybrid_attention_ratio, h.hybrid_mlp_ratio)
+            .map_err(|e| e.to_string())
+    };
+    #[cfg(not(feature = "hybrid"))]
+    let auto = || -> Result<String, String> {
+        Err("the hybrid layer allocation needs the `hybrid` feature: rebuild with `--features hybrid`".into())
+    };
+    match given {
+        Some(p) if p.chars().count() != a.num_layers => Err(format!(
             "--hybrid-layer-pattern `{p}` has {} symbols but --num-layers is {}; give one symbol per layer",
             p.chars().count(),
             a.num_layers
         )),
-        (Some(p), _) => Ok(p.clone()),
-        (None, "mamba") => Ok("M".repeat(a.num_layers)),
-        (None, _) => Err("--model hybrid needs --hybrid-layer-pattern (e.g. `M-M*-`)".into()),
+        Some(p) if ratios => {
+            let auto = auto()?;
+            let count = |s: &str, c: char| s.chars().filter(|x| *x == c).count();
+            if ['*', '-'].iter().any(|&c| count(p, c) != count(&auto, c)) {
+                return Err(format!(
+                    "--hybrid-layer-pattern `{p}` does not have the attention/MLP counts of the ratios \
+                     (`{auto}`); drop the ratios or fix the pattern"
+                ));
+            }
+            Ok(p.clone())
+        }
+        Some(p) => Ok(p.clone()),
+        None if ratios || a.model == "mamba" => auto(),
+        None => Err("--model hybrid needs --hybrid-layer-pattern (e.g. `M-M*-`) or --hybrid-attention-ratio".into()),
     }
 }
 

@@ -42,3 +42,12 @@ fn pattern_length_must_match_num_layers() {
         pretrain(&tiny_with("--model hybrid --num-layers 2 --hybrid-layer-pattern M*- --train-iters 1")).err().unwrap();
     assert!(format!("{e:#}").contains("--hybrid-layer-pattern `M*-` has 3 symbols"), "{e:#}");
 }
+
+#[test]
+fn ratios_allocate_the_pattern_and_must_agree_with_an_explicit_one() {
+    let auto = "--model hybrid --num-layers 4 --hybrid-attention-ratio 0.25 --hybrid-mlp-ratio 0.25 \
+                --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2 --train-iters 4 --lr-warmup-iters 1";
+    pretrain(&tiny_with(auto)).unwrap();
+    let e = pretrain(&tiny_with(&format!("{auto} --hybrid-layer-pattern MMM*"))).err().unwrap();
+    assert!(format!("{e:#}").contains("attention/MLP counts"), "{e:#}");
+}

@@ -266,3 +266,58 @@ impl HybridConfig {
         samples as f64 * s * per_token
     }
 }
+
+/// Megatron's automatic layer allocation (SPEC §4.11, `hybrid_layer_allocation.py`) for
+/// `num_layers` layers from `--hybrid-attention-ratio` and `--hybrid-mlp-ratio`: attention
+/// layers spread evenly between `a + 1` Mamba sections, then MLPs likewise among the remaining
+/// `M` layers. Counts are rounded half-to-even as Python's `round`.
+pub fn allocate_pattern(num_layers: usize, attention_ratio: f64, mlp_ratio: f64) -> Result<String> {
+    if !(0.0..=1.0).contains(&attention_ratio) || !(0.0..=1.0).contains(&mlp_ratio) || attention_ratio + mlp_ratio > 1.0
+    {
+        bail!("--hybrid-attention-ratio {attention_ratio} and --hybrid-mlp-ratio {mlp_ratio} must be in [0, 1] with a sum <= 1");
+    }
+    let l = num_layers as f64;
+    let mut layers = vec!['M'; num_layers];
+    let a = (l * attention_ratio).round_ties_even() as usize;
+    if a > 0 {
+        let m = (l - a as f64) / (a as f64 + 1.0);
+        let mut x = m;
+        for c in layers.iter_mut() {
+            if x < 0.5 {
+                *c = '*';
+                x += m;
+            } else {
+                x -= 1.0;
+            }
+        }
+    }
+    let k = (l * mlp_ratio).round_ties_even() as usize;
+    if k > 0 {
+        let n_m = layers.iter().filter(|c| **c == 'M').count();
+        let r = (n_m as f64 - k as f64) / k as f64;
+        let mut x = r;
+        for c in layers.iter_mut().filter(|c| **c == 'M') {
+            if x < 0.5 {
+                *c = '-';
+                x += r;
+            } else {
+                x -= 1.0;
+            }
+        }
+    }
+    Ok(layers.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allocate_pattern;
+
+    #[test]
+    fn allocation_matches_the_spec_examples() {
+        assert_eq!(allocate_pattern(8, 0.25, 0.0).unwrap(), "MM*MM*MM");
+        assert_eq!(allocate_pattern(8, 0.25, 0.25).unwrap(), "MM*-M*M-");
+        assert_eq!(allocate_pattern(24, 0.125, 0.0).unwrap(), "MMMMM*MMMMMM*MMMMM*MMMMM");
+        assert_eq!(allocate_pattern(4, 0.0, 0.0).unwrap(), "MMMM");
+        assert!(allocate_pattern(4, 0.8, 0.5).is_err());
+    }
+}
