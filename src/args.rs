@@ -242,6 +242,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub moe: crate::moe_args::MoeArgs,
+    /// Mamba / hybrid models (`--model hybrid|mamba`, src/hybrid_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub hybrid: crate::hybrid_args::HybridArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

@@ -117,6 +117,11 @@ impl TrainConfig {
             ),
         );
         need(a.num_layers > 0, "--num-layers must be > 0".into());
+        if a.model == "hybrid" || a.model == "mamba" {
+            if let Err(e) = crate::hybrid_args::pattern(a) {
+                need(false, e);
+            }
+        }
         need(a.hidden_size > 0, "--hidden-size must be > 0".into());
         need(
             a.num_attention_heads > 0
@@ -261,6 +266,9 @@ impl TrainConfig {
         let a = &self.args;
         if a.model == "t5" {
             return crate::t5_args::model_config(a, self.max_position_embeddings, vocab_size);
+        }
+        if a.model == "hybrid" || a.model == "mamba" {
+            return crate::hybrid_args::model_config(a, vocab_size);
         }
         let mut config = json!({
             "num_layers": a.num_layers,

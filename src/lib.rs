@@ -15,6 +15,7 @@ pub mod eval_cli;
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod hf;
+pub mod hybrid_args;
 pub mod moe_args;
 #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
 pub mod plan_cli;
@@ -50,6 +51,8 @@ use megatron_datasets as _;
 use megatron_example_mlp_lm as _;
 #[cfg(feature = "gpt")]
 use megatron_gpt as _;
+#[cfg(feature = "hybrid")]
+use megatron_hybrid as _;
 #[cfg(feature = "metrics")]
 use megatron_metrics as _;
 #[cfg(feature = "moe")]

@@ -33,6 +33,8 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("datasets", PluginKind::Dataset, "t5"),
     ("moe", PluginKind::Mlp, "moe"),
     ("bert", PluginKind::Model, "bert"),
+    ("hybrid", PluginKind::Model, "hybrid"),
+    ("hybrid", PluginKind::Model, "mamba"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
@@ -52,6 +54,7 @@ pub fn feature_enabled(feature: &str) -> bool {
         "t5" => cfg!(feature = "t5"),
         "moe" => cfg!(feature = "moe"),
         "bert" => cfg!(feature = "bert"),
+        "hybrid" => cfg!(feature = "hybrid"),
         _ => false,
     }
 }

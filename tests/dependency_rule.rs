@@ -35,6 +35,7 @@ fn workspace_crates_follow_the_dependency_rule() {
             "megatron-gpt" => &["megatron-core", "megatron-transformer"],
             "megatron-bert" => &["megatron-core", "megatron-transformer"],
             "megatron-t5" => &["megatron-core", "megatron-transformer"],
+            "megatron-hybrid" => &["megatron-core", "megatron-transformer"],
             // The serving engine sits under the CLI (src/ stays thin) and drives the GPT's slotted
             // KV cache the way the CLI would; no model depends on it.
             "megatron-serving" => &["megatron-core", "megatron-gpt"],

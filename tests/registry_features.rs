@@ -65,6 +65,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
     add(cfg!(feature = "t5"), &[("model", "t5", "megatron-t5")]);
     add(cfg!(feature = "moe"), &[("mlp", "moe", "megatron-moe")]);
     add(cfg!(feature = "bert"), &[("model", "bert", "megatron-bert")]);
+    add(cfg!(feature = "hybrid"), &[("model", "hybrid", "megatron-hybrid"), ("model", "mamba", "megatron-hybrid")]);
     want.sort();
     want
 }

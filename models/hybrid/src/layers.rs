@@ -1,0 +1,157 @@
+//! One layer of a hybrid stack: a pre-norm residual branch holding a Mamba-2 mixer (`M`,
+//! Megatron's `MambaLayer`), a self-attention (`*`) or an MLP (`-`), the last two being the
+//! transformer crate's modules: `y = x + dropout(branch(norm(x)))`.
+//!
+//! Parameter names follow Megatron-Core's hybrid model: `{p}.norm.weight` + `{p}.mixer.*`,
+//! `{p}.input_layernorm.weight` + `{p}.self_attention.*`, `{p}.pre_mlp_layernorm.weight` +
+//! `{p}.mlp.*`.
+
+use crate::config::{HybridConfig, LayerKind};
+use crate::mixer::{MambaMixer, MixerDims};
+use anyhow::{Context, Result};
+use megatron_core::{Backend, DType, DeviceTensor, Param};
+use megatron_transformer::layer::hidden_dropout;
+use megatron_transformer::step::{empty, ensure_buffer};
+use megatron_transformer::{
+    gpt_layer_local_spec, LocalSpecProvider, Mlp, ModuleBuilder, ModuleScratch, NormLayer, SelfAttention, SpecProvider,
+    StepInfo,
+};
+use megatron_transformer::{DropoutSite, TransformerConfig};
+use std::sync::Arc;
+
+pub enum Branch {
+    Mamba(Box<MambaMixer>),
+    Attention(Box<SelfAttention>),
+    Mlp(Mlp),
+}
+
+pub struct HybridLayer {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub kind: LayerKind,
+    pub layer_number: usize,
+    pub norm: Box<dyn NormLayer>,
+    pub branch: Branch,
+    hidden_dropout: f32,
+    normed: DeviceTensor, // (B, T, C): norm(x), the branch input
+}
+
+impl HybridLayer {
+    pub fn new(
+        b: &ModuleBuilder,
+        cfg: &HybridConfig,
+        tcfg: &TransformerConfig,
+        kind: LayerKind,
+        i: usize,
+    ) -> Result<Self> {
+        let p = format!("decoder.layers.{i}");
+        let provider = LocalSpecProvider;
+        let spec = gpt_layer_local_spec(cfg.normalization, false, false);
+        let (h, eps) = (cfg.hidden_size, cfg.layernorm_epsilon);
+        let norm_name = match kind {
+            LayerKind::Mamba => "norm",
+            LayerKind::Attention => "input_layernorm",
+            LayerKind::Mlp => "pre_mlp_layernorm",
+        };
+        let norm = provider.norm(b, &format!("{p}.{norm_name}"), cfg.normalization, h, eps)?;
+        let branch = match kind {
+            LayerKind::Mamba => {
+                let dims = MixerDims {
+                    hidden: h,
+                    heads: cfg.mamba_heads(),
+                    head_dim: cfg.mamba_head_dim,
+                    groups: cfg.mamba_num_groups,
+                    state: cfg.mamba_state_dim,
+                    conv: cfg.mamba_conv_kernel,
+                    chunk: cfg.mamba_chunk_size,
+                };
+                let (std, out_std) = (cfg.init_method_std, tcfg.output_init_std());
+                Branch::Mamba(Box::new(MambaMixer::new(b, &format!("{p}.mixer"), dims, std, out_std, eps)?))
+            }
+            LayerKind::Attention => {
+                let name = format!("{p}.self_attention");
+                Branch::Attention(Box::new(SelfAttention::new(b, &provider, &name, tcfg, spec.self_attention, i)?))
+            }
+            LayerKind::Mlp => Branch::Mlp(Mlp::new(b, &provider, &format!("{p}.mlp"), tcfg, spec.mlp)?),
+        };
+        let backend = b.backend.clone();
+        Ok(HybridLayer {
+            normed: empty(backend.as_ref())?,
+            backend,
+            kind,
+            layer_number: i,
+            norm,
+            branch,
+            hidden_dropout: cfg.hidden_dropout,
+        })
+    }
+
+    fn site(&self) -> DropoutSite {
+        if self.kind == LayerKind::Attention {
+            DropoutSite::AttentionOutput
+        } else {
+            DropoutSite::MlpOutput
+        }
+    }
+
+    /// `y (B, T, C) = x + dropout(branch(norm(x)))`.
+    pub fn forward(&mut self, x: &DeviceTensor, y: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        ensure_buffer(be, &mut self.normed, x.shape(), DType::F32)?;
+        self.norm.forward(x, &mut self.normed)?;
+        match &mut self.branch {
+            Branch::Mamba(m) => m.forward(&self.normed, y, step.batch, step.seq)?,
+            Branch::Attention(a) => a.forward(&self.normed, y, step)?,
+            Branch::Mlp(m) => m.forward(&self.normed, y, step)?,
+        }
+        hidden_dropout(be, y, self.hidden_dropout, self.layer_number, self.site(), step)?;
+        be.axpy(y, 1.0, x)
+    }
+
+    /// On entry `d_res` is `dL/dy`, on exit `dL/dx`; `x` is this layer's input.
+    pub fn backward(
+        &mut self,
+        x: &DeviceTensor,
+        d_res: &mut DeviceTensor,
+        d_branch: &mut DeviceTensor,
+        d_norm: &mut DeviceTensor,
+        scratch: &mut ModuleScratch,
+        step: &StepInfo,
+    ) -> Result<()> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        ensure_buffer(be, d_branch, d_res.shape(), DType::F32)?;
+        ensure_buffer(be, d_norm, d_res.shape(), DType::F32)?;
+        be.copy(d_res, d_branch)?;
+        hidden_dropout(be, d_branch, self.hidden_dropout, self.layer_number, self.site(), step)?;
+        let ctx = || format!("backward of hybrid layer {} ({:?})", self.layer_number, self.kind);
+        match &mut self.branch {
+            Branch::Mamba(m) => m.backward(&self.normed, d_branch, d_norm),
+            Branch::Attention(a) => a.backward(&self.normed, d_branch, d_norm, scratch, step),
+            Branch::Mlp(m) => m.backward(&self.normed, d_branch, d_norm, scratch),
+        }
+        .with_context(ctx)?;
+        self.norm.backward(d_norm, x, d_branch).with_context(ctx)?;
+        be.axpy(d_res, 1.0, d_branch)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        let mut v = self.norm.params();
+        match &self.branch {
+            Branch::Mamba(m) => v.extend(m.params()),
+            Branch::Attention(a) => v.extend(a.params()),
+            Branch::Mlp(m) => v.extend(m.params()),
+        }
+        v
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        let mut v = self.norm.params_mut();
+        match &mut self.branch {
+            Branch::Mamba(m) => v.extend(m.params_mut()),
+            Branch::Attention(a) => v.extend(a.params_mut()),
+            Branch::Mlp(m) => v.extend(m.params_mut()),
+        }
+        v
+    }
+}

@@ -1,0 +1,285 @@
+//! The Mamba-2 mixer (Megatron-Core `MambaMixer`, SPEC §4.15.1) with explicit forward and
+//! backward:
+//! `in_proj` → split `[z (Di) | xBC (Di + 2GN) | dt (H)]` → causal conv1d + SiLU on xBC →
+//! split `[x (H, P) | B (G, N) | C (G, N)]` → `Δ = softplus(dt + dt_bias)`, `A = −exp(A_log)` →
+//! SSD chunked scan with D skip → gated RMSNorm `norm(y ⊙ silu(z))` per group → `out_proj`.
+//! No in/out-proj bias, conv bias on (as Megatron). Tensor parallelism of the mixer is not
+//! implemented yet (refused at build time).
+//!
+//! Initialisation as Megatron/mamba_ssm: `in_proj` Normal(0, std), `out_proj` Normal(0,
+//! std/√(2L)), conv weight and bias U(±1/√K) (PyTorch's default for a depthwise conv),
+//! `dt_bias` = inverse softplus of Δ = exp(U(log 1e-3, log 0.1)) floored at 1e-4,
+//! `A_log = log U(1, 16)`, `D = 1`, norm weight 1.
+
+use crate::ops::conv::{conv_silu_backward, conv_silu_forward, ConvDims};
+use crate::ops::dt::{a_from_log, a_log_backward, inverse_softplus, softplus_dt_backward, softplus_dt_forward};
+use crate::ops::gated_norm::{gated_rmsnorm_backward, gated_rmsnorm_forward};
+use crate::ops::ssd::{ssd_backward, ssd_forward, SsdInputs};
+use crate::ops::SsdDims;
+use anyhow::{bail, Result};
+use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, Param};
+use megatron_transformer::init::param_seed;
+use megatron_transformer::{linear_backward, linear_forward, Init, ModuleBuilder, Split};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+
+/// Sizes of one mixer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MixerDims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub groups: usize,
+    pub state: usize,
+    pub conv: usize,
+    pub chunk: usize,
+}
+
+impl MixerDims {
+    pub fn d_inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    /// Channels of the conv (x, B and C).
+    pub fn conv_channels(&self) -> usize {
+        self.d_inner() + 2 * self.groups * self.state
+    }
+    /// Width of `in_proj`'s output.
+    pub fn in_proj_width(&self) -> usize {
+        self.d_inner() + self.conv_channels() + self.heads
+    }
+}
+
+/// What the forward keeps for backward (host f32; `N = B·T`).
+#[derive(Default)]
+struct Saved {
+    batch: usize,
+    seq: usize,
+    zxbcdt: Vec<f32>,             // (N, 2Di + 2GN + H)
+    xbc_pre: Vec<f32>,            // (N, Di + 2GN): conv output before SiLU
+    xbc: Vec<f32>,                // (N, Di + 2GN): after SiLU
+    delta: Vec<f32>,              // (N, H)
+    y: Vec<f32>,                  // (N, Di): scan output
+    rstd: Vec<f32>,               // (N, G)
+    states: Vec<f32>,             // (B, H, chunks, N_state, P)
+    y_norm: Option<DeviceTensor>, // (N, Di): out_proj input
+}
+
+pub struct MambaMixer {
+    backend: Arc<dyn Backend>,
+    pub dims: MixerDims,
+    eps: f32,
+    pub in_proj: Param,     // [2Di + 2GN + H, C]
+    pub conv_weight: Param, // [Di + 2GN, 1, K]
+    pub conv_bias: Param,   // [Di + 2GN]
+    pub dt_bias: Param,     // [H]
+    pub a_log: Param,       // [H]
+    pub d: Param,           // [H]
+    pub norm: Param,        // [Di]
+    pub out_proj: Param,    // [C, Di]
+    saved: Saved,
+}
+
+/// A replicated parameter holding `values`.
+fn param_with(b: &ModuleBuilder, name: &str, shape: &[usize], values: Vec<f32>) -> Result<Param> {
+    let mut p = b.param(name, shape, Split::Replicated, Init::Zeros)?;
+    p.value = b.backend.from_host(HostBuffer::F32(values), shape)?;
+    Ok(p)
+}
+
+fn uniform(b: &ModuleBuilder, name: &str, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut r = ChaCha8Rng::seed_from_u64(param_seed(b.seed, name));
+    (0..n).map(|_| r.gen_range(lo..hi)).collect()
+}
+
+pub(crate) fn read(be: &dyn Backend, t: &DeviceTensor) -> Result<Vec<f32>> {
+    Ok(be.to_host(t)?.to_f32_vec())
+}
+
+/// `p.grad += g` (shape of the parameter).
+fn accumulate(be: &dyn Backend, p: &mut Param, g: Vec<f32>) -> Result<()> {
+    let t = be.from_host(HostBuffer::F32(g), p.grad.shape())?;
+    be.axpy(&mut p.grad, 1.0, &t)
+}
+
+/// Columns `[from, from + w)` of the `(rows, width)` matrix `m`.
+pub(crate) fn cols(m: &[f32], width: usize, from: usize, w: usize) -> Vec<f32> {
+    m.chunks(width).flat_map(|r| r[from..from + w].iter().copied()).collect()
+}
+
+/// Writes `part (rows, w)` into columns `[from, from + w)` of `m (rows, width)`.
+fn put_cols(m: &mut [f32], width: usize, from: usize, part: &[f32], w: usize) {
+    for (r, p) in m.chunks_mut(width).zip(part.chunks(w)) {
+        r[from..from + w].copy_from_slice(p);
+    }
+}
+
+impl MambaMixer {
+    /// Builds `{prefix}.in_proj.weight`, `conv1d.weight/bias`, `dt_bias`, `A_log`, `D`,
+    /// `norm.weight`, `out_proj.weight`; `out_std` is the output-layer init std.
+    pub fn new(
+        b: &ModuleBuilder,
+        prefix: &str,
+        dims: MixerDims,
+        std: f32,
+        out_std: f32,
+        eps: f32,
+    ) -> Result<MambaMixer> {
+        if b.tp_size() > 1 {
+            bail!("the Mamba-2 mixer does not run with tensor parallelism yet; use --tensor-model-parallel-size 1");
+        }
+        if b.dtype() != DType::F32 {
+            bail!("the Mamba-2 mixer runs in fp32 only for now; drop --bf16/--fp16");
+        }
+        let (c, h, di, ch, k) = (dims.hidden, dims.heads, dims.d_inner(), dims.conv_channels(), dims.conv);
+        let n = |s: &str| format!("{prefix}.{s}");
+        let bound = 1.0 / (k as f32).sqrt();
+        let (lo, hi) = (1e-3f32.ln(), 0.1f32.ln());
+        let dt: Vec<f32> =
+            uniform(b, &n("dt_bias"), h, lo, hi).into_iter().map(|u| inverse_softplus(u.exp().max(1e-4))).collect();
+        let a_log: Vec<f32> = uniform(b, &n("A_log"), h, 1.0, 16.0).into_iter().map(f32::ln).collect();
+        Ok(MambaMixer {
+            in_proj: b.param(
+                &n("in_proj.weight"),
+                &[dims.in_proj_width(), c],
+                Split::Rows { chunks: 1 },
+                Init::Normal(std),
+            )?,
+            conv_weight: param_with(
+                b,
+                &n("conv1d.weight"),
+                &[ch, 1, k],
+                uniform(b, &n("conv1d.weight"), ch * k, -bound, bound),
+            )?,
+            conv_bias: param_with(b, &n("conv1d.bias"), &[ch], uniform(b, &n("conv1d.bias"), ch, -bound, bound))?,
+            dt_bias: param_with(b, &n("dt_bias"), &[h], dt)?,
+            a_log: param_with(b, &n("A_log"), &[h], a_log)?,
+            d: b.param(&n("D"), &[h], Split::Replicated, Init::Ones)?,
+            norm: b.param(&n("norm.weight"), &[di], Split::Replicated, Init::Ones)?,
+            out_proj: b.param(&n("out_proj.weight"), &[c, di], Split::Cols, Init::Normal(out_std))?,
+            backend: b.backend.clone(),
+            dims,
+            eps,
+            saved: Saved::default(),
+        })
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub(crate) fn eps(&self) -> f32 {
+        self.eps
+    }
+
+    fn ssd_dims(&self, batch: usize, seq: usize) -> SsdDims {
+        let d = self.dims;
+        SsdDims { batch, seq, heads: d.heads, head_dim: d.head_dim, groups: d.groups, state: d.state, chunk: d.chunk }
+    }
+
+    /// `out (B·T, C)` from `u (B·T, C)` (the normed layer input); keeps what backward needs.
+    pub fn forward(&mut self, u: &DeviceTensor, out: &mut DeviceTensor, batch: usize, seq: usize) -> Result<()> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        let d = self.dims;
+        let (rows, di, ch, h, gn) = (batch * seq, d.d_inner(), d.conv_channels(), d.heads, d.groups * d.state);
+        let width = d.in_proj_width();
+        let mut zx = be.zeros(&[rows, width], DType::F32)?;
+        linear_forward(be, u, &self.in_proj.value, None, &mut zx)?;
+        let zxbcdt = read(be, &zx)?; // (N, 2Di + 2GN + H)
+        let conv_dims = ConvDims { batch, seq, channels: ch, width: d.conv };
+        let (xbc, xbc_pre) = conv_silu_forward(
+            &conv_dims,
+            &cols(&zxbcdt, width, di, ch),
+            &read(be, &self.conv_weight.value)?,
+            &read(be, &self.conv_bias.value)?,
+        )?;
+        let delta = softplus_dt_forward(&cols(&zxbcdt, width, di + ch, h), &read(be, &self.dt_bias.value)?); // (N, H)
+        let a = a_from_log(&read(be, &self.a_log.value)?);
+        let (x, bm, cm) = (cols(&xbc, ch, 0, di), cols(&xbc, ch, di, gn), cols(&xbc, ch, di + gn, gn));
+        let dvec = read(be, &self.d.value)?;
+        let inputs = SsdInputs { x: &x, dt: &delta, a: &a, bm: &bm, cm: &cm, d: &dvec };
+        let (y, states) = ssd_forward(&self.ssd_dims(batch, seq), &inputs)?; // (N, Di)
+        let z = cols(&zxbcdt, width, 0, di);
+        let (yn, rstd) = gated_rmsnorm_forward(&y, &z, &read(be, &self.norm.value)?, d.groups, self.eps)?;
+        let yn = be.from_host(HostBuffer::F32(yn), &[rows, di])?;
+        linear_forward(be, &yn, &self.out_proj.value, None, out)?;
+        self.saved = Saved { batch, seq, zxbcdt, xbc_pre, xbc, delta, y, rstd, states, y_norm: Some(yn) };
+        Ok(())
+    }
+
+    /// Overwrites `d_u (B·T, C)` from `d_out (B·T, C)`; accumulates every parameter gradient.
+    pub fn backward(&mut self, u: &DeviceTensor, d_out: &DeviceTensor, d_u: &mut DeviceTensor) -> Result<()> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        let s = std::mem::take(&mut self.saved);
+        let Some(yn) = s.y_norm.as_ref() else { bail!("Mamba mixer backward without a forward") };
+        let d = self.dims;
+        let (rows, di, ch, h, gn) = (s.batch * s.seq, d.d_inner(), d.conv_channels(), d.heads, d.groups * d.state);
+        let width = d.in_proj_width();
+        // out_proj: d_yn (N, Di).
+        let mut d_yn = be.zeros(&[rows, di], DType::F32)?;
+        linear_backward(be, yn, &self.out_proj.value, d_out, Some(&mut d_yn), &mut self.out_proj.grad, None)?;
+        // Gated norm: dy (N, Di), dz (N, Di).
+        let z = cols(&s.zxbcdt, width, 0, di);
+        let (dy, dz, dnorm) =
+            gated_rmsnorm_backward(&s.y, &z, &read(be, &self.norm.value)?, d.groups, &s.rstd, &read(be, &d_yn)?)?;
+        accumulate(be, &mut self.norm, dnorm)?;
+        // Scan.
+        let a_log = read(be, &self.a_log.value)?;
+        let a = a_from_log(&a_log);
+        let (x, bm, cm) = (cols(&s.xbc, ch, 0, di), cols(&s.xbc, ch, di, gn), cols(&s.xbc, ch, di + gn, gn));
+        let dvec = read(be, &self.d.value)?;
+        let inputs = SsdInputs { x: &x, dt: &s.delta, a: &a, bm: &bm, cm: &cm, d: &dvec };
+        let g = ssd_backward(&self.ssd_dims(s.batch, s.seq), &inputs, &s.states, &dy)?;
+        accumulate(be, &mut self.a_log, a_log_backward(&a_log, &g.a))?;
+        accumulate(be, &mut self.d, g.d)?;
+        let (d_dt, d_dt_bias) =
+            softplus_dt_backward(&cols(&s.zxbcdt, width, di + ch, h), &read(be, &self.dt_bias.value)?, &g.dt);
+        accumulate(be, &mut self.dt_bias, d_dt_bias)?;
+        // Conv: d xBC after SiLU = [dx | dB | dC].
+        let mut d_xbc = vec![0.0f32; rows * ch];
+        put_cols(&mut d_xbc, ch, 0, &g.x, di);
+        put_cols(&mut d_xbc, ch, di, &g.bm, gn);
+        put_cols(&mut d_xbc, ch, di + gn, &g.cm, gn);
+        let conv_dims = ConvDims { batch: s.batch, seq: s.seq, channels: ch, width: d.conv };
+        let xbc_in = cols(&s.zxbcdt, width, di, ch);
+        let (d_xbc_in, dw, db) =
+            conv_silu_backward(&conv_dims, &xbc_in, &read(be, &self.conv_weight.value)?, &s.xbc_pre, &d_xbc)?;
+        accumulate(be, &mut self.conv_weight, dw)?;
+        accumulate(be, &mut self.conv_bias, db)?;
+        // in_proj: d zxbcdt (N, width).
+        let mut dzx = vec![0.0f32; rows * width];
+        put_cols(&mut dzx, width, 0, &dz, di);
+        put_cols(&mut dzx, width, di, &d_xbc_in, ch);
+        put_cols(&mut dzx, width, di + ch, &d_dt, h);
+        let dzx = be.from_host(HostBuffer::F32(dzx), &[rows, width])?;
+        linear_backward(be, u, &self.in_proj.value, &dzx, Some(d_u), &mut self.in_proj.grad, None)
+    }
+
+    pub fn params(&self) -> Vec<&Param> {
+        vec![
+            &self.in_proj,
+            &self.conv_weight,
+            &self.conv_bias,
+            &self.dt_bias,
+            &self.a_log,
+            &self.d,
+            &self.norm,
+            &self.out_proj,
+        ]
+    }
+
+    pub fn params_mut(&mut self) -> Vec<&mut Param> {
+        vec![
+            &mut self.in_proj,
+            &mut self.conv_weight,
+            &mut self.conv_bias,
+            &mut self.dt_bias,
+            &mut self.a_log,
+            &mut self.d,
+            &mut self.norm,
+            &mut self.out_proj,
+        ]
+    }
+}
