@@ -242,6 +242,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub moe: crate::moe_args::MoeArgs,
+    /// The BERT flags (`--model bert`, src/bert_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub bert: crate::bert_args::BertArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

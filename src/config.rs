@@ -228,6 +228,9 @@ impl TrainConfig {
                 "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
             );
         }
+        if a.model == "bert" {
+            crate::bert_args::check(a, tokenizer_type.as_deref()).into_iter().for_each(|e| need(false, e));
+        }
         if !errors.is_empty() {
             bail!("invalid arguments:\n  - {}", errors.join("\n  - "));
         }
@@ -261,6 +264,9 @@ impl TrainConfig {
         let a = &self.args;
         if a.model == "t5" {
             return crate::t5_args::model_config(a, self.max_position_embeddings, vocab_size);
+        }
+        if a.model == "bert" {
+            return crate::bert_args::model_config(a, self.max_position_embeddings, vocab_size);
         }
         let mut config = json!({
             "num_layers": a.num_layers,

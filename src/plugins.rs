@@ -33,6 +33,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("datasets", PluginKind::Dataset, "t5"),
     ("moe", PluginKind::Mlp, "moe"),
     ("bert", PluginKind::Model, "bert"),
+    ("datasets", PluginKind::Dataset, "bert"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.
