@@ -4,7 +4,7 @@
 # `megatron pretrain --model bert` for ITERS (300) iterations of a 2-layer, 128-hidden BERT with
 # the binary head (seq 64, global batch 8, Adam, warmup + cosine), logging `lm loss` and
 # `sop loss` every 10 iterations. LAYOUT="--nproc 2 --tensor-model-parallel-size 2" runs tp2.
-# PROFILE=debug uses the dev build (opt-level 2) instead of a release build.
+# PROFILE=debug uses the dev build (opt-level 2) instead of a release build; NO_BUILD=1 skips cargo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data}
@@ -12,7 +12,9 @@ OUT=${OUT:-$(mktemp -d)}
 ITERS=${ITERS:-300}
 PROFILE=${PROFILE:-release}
 LAYOUT=${LAYOUT:-}
-if [ "$PROFILE" = release ]; then cargo build --release --bin megatron; else cargo build --bin megatron; fi
+if [ -z "${NO_BUILD:-}" ]; then
+  if [ "$PROFILE" = release ]; then cargo build --release --bin megatron; else cargo build --bin megatron; fi
+fi
 M=target/$PROFILE/megatron
 VOCAB=$DATA/bert-base-uncased/vocab.txt
 [ -f "$OUT/shakes_text_sentence.idx" ] || $M preprocess --input "$DATA/tinyshakespeare.jsonl" \

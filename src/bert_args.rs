@@ -79,7 +79,8 @@ pub fn check(a: &PretrainArgs, tokenizer_type: Option<&str>) -> Vec<String> {
                 .to_string(),
         );
     }
-    if !(a.bert.mask_prob > 0.0 && a.bert.mask_prob < 1.0) || !(0.0..=1.0).contains(&a.bert.short_seq_prob) {
+    let mask_ok = a.bert.mask_prob > 0.0 && a.bert.mask_prob < 1.0;
+    if !(mask_ok && (0.0..=1.0).contains(&a.bert.short_seq_prob)) {
         errors.push(format!(
             "--mask-prob {} must be in (0, 1) and --short-seq-prob {} in [0, 1]",
             a.bert.mask_prob, a.bert.short_seq_prob

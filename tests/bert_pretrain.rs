@@ -97,3 +97,26 @@ fn bert_flag_errors_name_the_fix() {
     let e = format!("{:#}", pretrain(&no_vocab).unwrap_err());
     assert!(e.contains("BertWordPieceLowerCase"), "{e}");
 }
+
+#[test]
+fn bert_data_inspect_shows_masked_samples() {
+    use clap::Parser;
+    let f = fixture();
+    let argv = format!(
+        "megatron data inspect {} --model bert --seq-length 32 --num-samples 10 --show 2 \
+         --tokenizer-type BertWordPieceLowerCase --vocab-file {}",
+        f.join("synthetic_sentences").display(),
+        f.join("vocab.txt").display()
+    );
+    let cli = megatron::cli::Cli::try_parse_from(argv.split_whitespace()).unwrap();
+    let megatron::cli::Command::Data { command: megatron::tools::data_inspect::DataCommand::Inspect(a) } = cli.command
+    else {
+        unreachable!()
+    };
+    let out = megatron::tools::data_inspect::inspect(&a, &megatron_core::Registry::builtin().unwrap()).unwrap();
+    println!("{out}");
+    assert!(out.contains("binary head: true"), "{out}");
+    assert_eq!(out.matches("is_random").count(), 2, "{out}");
+    // Masked positions as [shown→label], segments split by `|`.
+    assert!(out.contains('→') && out.contains(" | "), "{out}");
+}

@@ -51,7 +51,8 @@ pub fn import(dir: &Path, cfg: &Value, save: &Path, divisible_by: usize, registr
     let vocab_file = std::fs::canonicalize(&tok_dir)?.join("vocab.txt");
     let tokenizer = registry.tokenizer(tokenizer_type, json!({ "vocab_file": vocab_file }))?;
     let c = imp.model.config().clone();
-    if tokenizer.vocab_size() != c.vocab_size {
+    // Megatron's BERT tokenizers add [BOS] and [EOS] past vocab.txt: up to 2 more ids is normal.
+    if tokenizer.vocab_size() < c.vocab_size || tokenizer.vocab_size() > c.vocab_size + 2 {
         println!(
             "WARNING: config.json vocab_size {} differs from vocab.txt's {}",
             c.vocab_size,

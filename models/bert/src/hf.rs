@@ -213,7 +213,7 @@ pub fn export_hf_bert(model: &BertModel) -> Result<Vec<HfTensor>> {
         if theirs.len() == 3 {
             // Per head [q_h; k_h; v_h] rows → three [h, (h)] tensors.
             let row = data.len() / (3 * h);
-            let mut parts = vec![Vec::with_capacity(h * row); 3];
+            let mut parts: Vec<Vec<f32>> = (0..3).map(|_| Vec::with_capacity(h * row)).collect();
             for head in 0..np {
                 for (j, part) in parts.iter_mut().enumerate() {
                     let at = (head * 3 + j) * hn * row;
