@@ -246,6 +246,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub hybrid: crate::hybrid_args::HybridArgs,
+    /// The BERT flags (`--model bert`, src/bert_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub bert: crate::bert_args::BertArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

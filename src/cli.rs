@@ -76,6 +76,16 @@ pub enum Command {
     /// Memory, FLOPs and step time of a `pretrain` layout, nothing allocated (megatron-plan).
     #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
     Plan(Box<crate::plan_cli::PlanArgs>),
+    /// Finetune a BERT checkpoint on a GLUE classification task (tasks/main.py: MNLI, QQP; MRPC, RTE).
+    #[cfg(all(
+        feature = "bert",
+        feature = "gpt",
+        feature = "checkpoint",
+        feature = "tokenizers",
+        feature = "datasets",
+        feature = "optim"
+    ))]
+    Finetune(Box<crate::finetune_cli::FinetuneArgs>),
 }
 
 /// Lets every value-taking flag of `cmd` and of its subcommands (recursively) take a negative
@@ -134,6 +144,15 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(args) => crate::eval_cli::run(&args, &registry),
         #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
         Command::Plan(args) => crate::plan_cli::run(&args, &registry),
+        #[cfg(all(
+            feature = "bert",
+            feature = "gpt",
+            feature = "checkpoint",
+            feature = "tokenizers",
+            feature = "datasets",
+            feature = "optim"
+        ))]
+        Command::Finetune(args) => crate::finetune_cli::run(&args, &registry),
     }
 }
 

@@ -233,6 +233,9 @@ impl TrainConfig {
                 "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
             );
         }
+        if a.model == "bert" {
+            crate::bert_args::check(a, tokenizer_type.as_deref()).into_iter().for_each(|e| need(false, e));
+        }
         if !errors.is_empty() {
             bail!("invalid arguments:\n  - {}", errors.join("\n  - "));
         }
@@ -269,6 +272,9 @@ impl TrainConfig {
         }
         if a.model == "hybrid" || a.model == "mamba" {
             return crate::hybrid_args::model_config(a, vocab_size);
+        }
+        if a.model == "bert" {
+            return crate::bert_args::model_config(a, self.max_position_embeddings, vocab_size);
         }
         let mut config = json!({
             "num_layers": a.num_layers,

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod bert_args;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod checkpoint_tools;
 pub mod cli;
@@ -11,6 +12,15 @@ pub mod config;
 pub mod distributed;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod eval_cli;
+#[cfg(all(
+    feature = "bert",
+    feature = "gpt",
+    feature = "checkpoint",
+    feature = "tokenizers",
+    feature = "datasets",
+    feature = "optim"
+))]
+pub mod finetune_cli;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]

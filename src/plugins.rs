@@ -35,6 +35,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("bert", PluginKind::Model, "bert"),
     ("hybrid", PluginKind::Model, "hybrid"),
     ("hybrid", PluginKind::Model, "mamba"),
+    ("datasets", PluginKind::Dataset, "bert"),
 ];
 
 /// Whether the named Cargo feature of the megatron package is enabled in this build.

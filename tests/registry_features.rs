@@ -46,6 +46,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
             ("dataset", "gpt", "megatron-datasets"),
             ("dataset", "mock", "megatron-datasets"),
             ("dataset", "t5", "megatron-datasets"),
+            ("dataset", "bert", "megatron-datasets"),
         ],
     );
     add(

@@ -37,6 +37,11 @@ fn build_t5(de: ConfigDe, env: &DatasetEnv) -> Result<DatasetSplits> {
     t5::plugin::build_t5_splits(&config, env.tokenizer.as_deref())
 }
 
+fn build_bert(de: ConfigDe, env: &DatasetEnv) -> Result<DatasetSplits> {
+    let config: bert::plugin::BertPluginConfig = parse_config(de, bert::plugin::NAME)?;
+    bert::plugin::build_bert_splits(&config, env.tokenizer.as_deref())
+}
+
 fn build_mock(de: ConfigDe, _env: &DatasetEnv) -> Result<DatasetSplits> {
     let config: MockDatasetConfig = parse_config(de, mock::NAME)?;
     build_mock_splits(&config)
@@ -62,6 +67,13 @@ pub fn plugins() -> Vec<Plugin> {
             name: mock::NAME,
             description: "random token samples (seq_length, vocab_size, seed, num_samples)",
             factory: Factory::Dataset(build_mock),
+        },
+        Plugin {
+            name: bert::plugin::NAME,
+            description: "BERT masked-LM + sentence-order samples (Megatron's BERTMaskedWordPieceDataset) from a \
+                          sentence-split prefix (data_path, split, vocab_file, seq_length, seed, mask_prob, \
+                          short_seq_prob, binary_head, num_samples)",
+            factory: Factory::Dataset(build_bert),
         },
     ]
 }

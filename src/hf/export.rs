@@ -184,6 +184,10 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     if out.exists() && std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("--out {} already exists and is not empty; choose a new directory", out.display());
     }
+    #[cfg(feature = "bert")]
+    if super::bert::is_bert_checkpoint(&args.load)? {
+        return super::bert::export(&args.load, out, registry);
+    }
     let loaded = load_model(registry, &args.load)?;
     let c = loaded.model.config();
     let llama = is_llama(&loaded.model);

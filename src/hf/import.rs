@@ -113,6 +113,10 @@ pub fn run(args: &ImportHfArgs, registry: &Registry) -> Result<PathBuf> {
             registry,
         );
     }
+    #[cfg(feature = "bert")]
+    if super::bert::is_bert(&cfg) {
+        return super::bert::import(dir, &cfg, &args.save, args.make_vocab_size_divisible_by, registry);
+    }
     if super::import_llama::is_llama_family(&cfg) {
         return super::import_llama::run(dir, &cfg, &cfg_path, &args.save, args.make_vocab_size_divisible_by, registry);
     }

@@ -2,6 +2,8 @@
 //! `megatron import hf` ([`import`]). The tensor name map and layouts live in
 //! `megatron_gpt::hf_gpt2`; this module handles checkpoints, configs and files.
 
+#[cfg(feature = "bert")]
+pub mod bert;
 pub mod export;
 pub mod gguf;
 pub mod import;

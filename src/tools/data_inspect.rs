@@ -49,6 +49,13 @@ pub struct InspectArgs {
     /// The tokenizer to decode samples with (src/tokenizer_flags.rs).
     #[command(flatten)]
     pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
+    /// `bert`: Megatron's BERT samples of a sentence-split prefix, masked positions shown
+    /// (src/tools/bert_inspect.rs); `gpt` (default): GPT samples.
+    #[arg(long, default_value = "gpt")]
+    pub model: String,
+    /// With `--model bert`: samples without the sentence-order split.
+    #[arg(long)]
+    pub bert_no_binary_head: bool,
 }
 
 /// Runs `megatron data <command>`.
@@ -80,6 +87,9 @@ pub fn inspect(a: &InspectArgs, registry: &Registry) -> Result<String> {
         bail!("--seq-length must be at least 1");
     }
     let tok = tokenizer(a, registry)?;
+    if a.model == "bert" {
+        return super::bert_inspect::inspect(a, tok.as_deref());
+    }
     let data = Arc::new(IndexedDataset::open(&a.prefix)?);
     let mut out = String::new();
     let w = &mut out;

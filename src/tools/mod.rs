@@ -1,6 +1,8 @@
 //! Offline tools of the `megatron` CLI (Megatron-LM's `tools/` scripts).
 
 #[cfg(feature = "datasets")]
+pub mod bert_inspect;
+#[cfg(feature = "datasets")]
 pub mod data_inspect;
 #[cfg(feature = "datasets")]
 pub mod preprocess;

@@ -102,6 +102,12 @@ pub fn build_trainer_with_comm(
                     "num_samples": [n_train, n_valid, n_test] }),
             &DatasetEnv { tokenizer: tokenizer.clone() },
         )
+    } else if a.model == "bert" {
+        registry.dataset(
+            "bert",
+            crate::bert_args::dataset_config(a, [n_train, n_valid, n_test]),
+            &DatasetEnv { tokenizer: tokenizer.clone() },
+        )
     } else if a.model == "t5" {
         registry.dataset(
             "t5",

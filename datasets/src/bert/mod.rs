@@ -6,7 +6,9 @@
 //! (`datasets/tests/bert_dataset.rs`, fixtures made by `scripts/bert_dataset_oracle.py`).
 
 pub mod dataset;
+pub mod glue;
 pub mod masking;
+pub mod plugin;
 pub mod rng;
 pub mod sample_index;
 

@@ -43,6 +43,10 @@ pub struct BertConfig {
     pub init_method_std: f32,
     /// Base seed of the parameter init.
     pub seed: u64,
+    /// `Some(s)` (`megatron pretrain --model bert`): a generic `Batch` holds the packed samples
+    /// of the `bert` dataset for `--seq-length s` (`src/batch.rs`) and the model reports
+    /// Megatron's `lm loss` and `sop loss`; `None`: plain rows of token type 0, LM loss only.
+    pub seq_length: Option<usize>,
 }
 
 impl Default for BertConfig {
@@ -64,6 +68,7 @@ impl Default for BertConfig {
             attention_dropout: 0.1,
             init_method_std: 0.02,
             seed: 1234,
+            seq_length: None,
         }
     }
 }
@@ -82,6 +87,13 @@ impl BertConfig {
     pub fn validate(&self) -> Result<()> {
         if self.vocab_size == 0 || self.max_position_embeddings == 0 {
             bail!("bert: vocab_size and max_position_embeddings must be >= 1");
+        }
+        if self.seq_length.is_some_and(|s| s == 0 || s > self.max_position_embeddings) {
+            bail!(
+                "bert: --seq-length {:?} must be in 1..={} (--max-position-embeddings)",
+                self.seq_length,
+                self.max_position_embeddings
+            );
         }
         if self.bert_binary_head && self.num_tokentypes == 0 {
             bail!(

@@ -16,26 +16,33 @@ use megatron_transformer::{Init, ModuleBuilder, Split};
 pub struct BinaryHead {
     pub pooler_weight: Param, // (C, C)
     pub pooler_bias: Param,   // (C)
-    pub weight: Param,        // (2, C)
-    pub bias: Param,          // (2)
+    pub weight: Param,        // (classes, C): 2 for the binary head
+    pub bias: Param,          // (classes)
     cls: DeviceTensor,        // (B, C): the first token's hidden state of every row
     pooled: DeviceTensor,     // (B, C): tanh output
 }
 
 impl BinaryHead {
     pub fn new(b: &ModuleBuilder, hidden: usize, std: f32) -> Result<BinaryHead> {
+        BinaryHead::with_classes(b, hidden, std, 2, "binary_head")
+    }
+
+    /// The pooler and a `classes`-way linear named `{head}.weight` / `{head}.bias` (the
+    /// finetuning classification head of Megatron's `Classification` model).
+    pub fn with_classes(b: &ModuleBuilder, hidden: usize, std: f32, classes: usize, head: &str) -> Result<BinaryHead> {
         let bk = b.backend.as_ref();
+        let (w, bias) = (format!("{head}.weight"), format!("{head}.bias"));
         Ok(BinaryHead {
             pooler_weight: b.param("pooler.dense.weight", &[hidden, hidden], Split::Replicated, Init::Normal(std))?,
             pooler_bias: b.param("pooler.dense.bias", &[hidden], Split::Replicated, Init::Zeros)?,
-            weight: b.param("binary_head.weight", &[2, hidden], Split::Replicated, Init::Normal(std))?,
-            bias: b.param("binary_head.bias", &[2], Split::Replicated, Init::Zeros)?,
+            weight: b.param(&w, &[classes, hidden], Split::Replicated, Init::Normal(std))?,
+            bias: b.param(&bias, &[classes], Split::Replicated, Init::Zeros)?,
             cls: bk.zeros(&[0], megatron_core::DType::F32)?,
             pooled: bk.zeros(&[0], megatron_core::DType::F32)?,
         })
     }
 
-    /// The `(B, 2)` logits from `hidden (B, T, C)` (host values), keeping what backward needs.
+    /// The `(B, classes)` logits from `hidden (B, T, C)` (host values), keeping what backward needs.
     pub fn forward(&mut self, bk: &dyn Backend, hidden: &[f32], batch: usize, seq: usize) -> Result<Vec<f32>> {
         let c = hidden.len() / (batch * seq).max(1);
         let cls: Vec<f32> = (0..batch).flat_map(|r| hidden[r * seq * c..r * seq * c + c].iter().copied()).collect();
@@ -44,15 +51,16 @@ impl BinaryHead {
         linear_forward(bk, &self.cls, &self.pooler_weight.value, Some(&self.pooler_bias.value), &mut pre)?;
         let pooled: Vec<f32> = bk.to_host(&pre)?.to_f32_vec().iter().map(|v| v.tanh()).collect();
         self.pooled = bk.from_host(HostBuffer::F32(pooled), &[batch, c])?;
-        let mut logits = bk.zeros(&[batch, 2], megatron_core::DType::F32)?;
+        let classes = self.bias.value.numel();
+        let mut logits = bk.zeros(&[batch, classes], megatron_core::DType::F32)?;
         linear_forward(bk, &self.pooled, &self.weight.value, Some(&self.bias.value), &mut logits)?;
         Ok(bk.to_host(&logits)?.to_f32_vec())
     }
 
-    /// From `d_logits (B, 2)`: accumulates the head's gradients and returns `dL/dh_cls (B, C)`.
+    /// From `d_logits (B, classes)`: accumulates the head's gradients and returns `dL/dh_cls (B, C)`.
     pub fn backward(&mut self, bk: &dyn Backend, d_logits: Vec<f32>) -> Result<Vec<f32>> {
         let shape = self.pooled.shape().to_vec();
-        let d_logits = bk.from_host(HostBuffer::F32(d_logits), &[shape[0], 2])?;
+        let d_logits = bk.from_host(HostBuffer::F32(d_logits), &[shape[0], self.bias.value.numel()])?;
         let mut d_pooled = bk.zeros(&shape, megatron_core::DType::F32)?;
         linear_backward(
             bk,
@@ -101,6 +109,28 @@ pub fn sop_cross_entropy(logits: &[f32], targets: &[i32]) -> (f64, f64, Vec<f32>
         for k in 0..2 {
             let p = ((if k == 0 { a } else { b }) - lse).exp();
             d[2 * r + k] = (p - if k as i32 == t { 1.0 } else { 0.0 }) as f32;
+        }
+    }
+    (sum, count, d)
+}
+
+/// Per-row cross entropy of `(B, classes)` logits against `targets` (−1 = ignored):
+/// `(Σ loss, count, d Σloss / d logits)`; [`sop_cross_entropy`] is the 2-class case.
+pub fn class_cross_entropy(logits: &[f32], targets: &[i32], classes: usize) -> (f64, f64, Vec<f32>) {
+    let (mut sum, mut count) = (0.0f64, 0.0f64);
+    let mut d = vec![0.0f32; logits.len()];
+    for (r, &t) in targets.iter().enumerate() {
+        if t < 0 {
+            continue;
+        }
+        let row = &logits[r * classes..(r + 1) * classes];
+        let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+        let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+        sum += lse - row[t as usize] as f64;
+        count += 1.0;
+        for (k, &x) in row.iter().enumerate() {
+            let p = (x as f64 - lse).exp();
+            d[r * classes + k] = (p - if k as i32 == t { 1.0 } else { 0.0 }) as f32;
         }
     }
     (sum, count, d)

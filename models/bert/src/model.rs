@@ -52,13 +52,18 @@ pub struct BertLosses {
     pub sop_rows: f64,
 }
 
-/// What backward needs besides the module buffers.
-struct Saved {
+/// What the encoder's backward needs besides the module buffers.
+struct Encoded {
     step: StepInfo,
     ids: DeviceTensor,     // (B*T) int32
     types: DeviceTensor,   // (B*T) int32
     lengths: DeviceTensor, // (B) int32
-    labels: DeviceTensor,  // (B*T) int32
+}
+
+/// What backward needs besides the module buffers.
+struct Saved {
+    enc: Encoded,
+    labels: DeviceTensor, // (B*T) int32
     loss_mask: Vec<f32>,
     is_random: Vec<i32>,
     sop_logits: Vec<f32>, // (B, 2)
@@ -96,6 +101,13 @@ pub struct BertModel {
     d_b: DeviceTensor,            // (B, T, C) backward scratch
     scratch: BackwardScratch,
     saved: Option<Saved>,
+    /// The encoder-only training forward ([`BertModel::forward_encoder`]).
+    enc_saved: Option<Encoded>,
+    /// The losses of the saved training forward of the generic `Model` path (its backward
+    /// turns the schedule's scale into the two mean-loss scales).
+    pub(crate) pending: Option<BertLosses>,
+    /// `sop loss` values for `Model::take_metrics` (one per training microbatch).
+    pub(crate) metrics: Vec<(String, f64)>,
 }
 
 impl BertModel {
@@ -167,6 +179,9 @@ impl BertModel {
             d_b: empty(bk)?,
             scratch: BackwardScratch::new(bk)?,
             saved: None,
+            enc_saved: None,
+            pending: None,
+            metrics: Vec::new(),
             binary_head,
             vocab_mask,
             embedding,
@@ -183,6 +198,10 @@ impl BertModel {
 
     pub fn config(&self) -> &BertConfig {
         &self.config
+    }
+
+    pub fn ctx(&self) -> &ParallelContext {
+        &self.ctx
     }
 
     pub fn backend(&self) -> Arc<dyn Backend> {
@@ -249,10 +268,11 @@ impl BertModel {
         Ok(())
     }
 
-    /// Runs one microbatch; in [`Mode::Train`] keeps what [`Self::backward_bert`] needs.
-    pub fn forward_bert(&mut self, x: &BertBatch, mode: Mode) -> Result<BertLosses> {
+    /// Embeddings → encoder layers → (final LayerNorm) into `self.hidden` `(B, T, C)`.
+    fn encode(&mut self, x: &BertBatch, mode: Mode) -> Result<Encoded> {
         self.check_batch(x)?;
         self.saved = None;
+        self.enc_saved = None;
         let step = StepInfo { batch: x.batch, seq: x.seq, train: mode == Mode::Train, seed: x.seed };
         let backend = self.backend.clone();
         let bk = backend.as_ref();
@@ -291,6 +311,32 @@ impl BertModel {
             Some(ln) => ln.forward(last, &mut self.hidden)?,
             None => bk.copy(last, &mut self.hidden)?,
         }
+        Ok(Encoded { step, ids, types, lengths })
+    }
+
+    /// The encoder alone (no LM or binary head; finetuning heads read
+    /// [`Self::hidden_states`]); in [`Mode::Train`] keeps what [`Self::backward_encoder`] needs.
+    pub fn forward_encoder(&mut self, x: &BertBatch, mode: Mode) -> Result<()> {
+        let enc = self.encode(x, mode)?;
+        if enc.step.train {
+            self.enc_saved = Some(enc);
+        }
+        Ok(())
+    }
+
+    /// Backpropagates `d_hidden (B, T, C)` (host values) through the saved encoder forward.
+    pub fn backward_encoder(&mut self, d_hidden: Vec<f32>) -> Result<()> {
+        let enc = self.enc_saved.take().context("BertModel::backward_encoder without a training forward_encoder")?;
+        self.d_b = self.backend.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
+        self.backward_from_hidden(&enc)
+    }
+
+    /// Runs one microbatch; in [`Mode::Train`] keeps what [`Self::backward_bert`] needs.
+    pub fn forward_bert(&mut self, x: &BertBatch, mode: Mode) -> Result<BertLosses> {
+        let enc = self.encode(x, mode)?;
+        let step = enc.step;
+        let backend = self.backend.clone();
+        let bk = backend.as_ref();
         // LM head.
         linear_forward(
             bk,
@@ -336,16 +382,8 @@ impl BertModel {
             out.sop_rows = count;
         }
         if step.train {
-            self.saved = Some(Saved {
-                step,
-                ids,
-                types,
-                lengths,
-                labels,
-                loss_mask: x.loss_mask.clone(),
-                is_random: x.is_random.clone(),
-                sop_logits,
-            });
+            self.saved =
+                Some(Saved { enc, labels, loss_mask: x.loss_mask.clone(), is_random: x.is_random.clone(), sop_logits });
         }
         Ok(out)
     }
@@ -354,7 +392,7 @@ impl BertModel {
     /// loss_mask` and `d loss / d per-row sop loss = sop_scale`, accumulating every gradient.
     pub fn backward_bert(&mut self, lm_scale: f32, sop_scale: f32) -> Result<()> {
         let saved = self.saved.take().context("BertModel::backward without a preceding training forward")?;
-        let step = saved.step;
+        let step = saved.enc.step;
         let backend = self.backend.clone();
         let bk = backend.as_ref();
         // Output layer (tied to the word embedding) and its bias.
@@ -390,6 +428,14 @@ impl BertModel {
             }
             self.d_b = bk.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
         }
+        self.backward_from_hidden(&saved.enc)
+    }
+
+    /// The encoder's backward from `d hidden` in `self.d_b` `(B, T, C)`.
+    fn backward_from_hidden(&mut self, enc: &Encoded) -> Result<()> {
+        let step = enc.step;
+        let backend = self.backend.clone();
+        let bk = backend.as_ref();
         // Encoder: d_a becomes the residual-stream gradient.
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
@@ -397,7 +443,7 @@ impl BertModel {
             None => bk.copy(&self.d_b, &mut self.d_a)?,
         }
         for (l, layer) in self.layers.iter_mut().enumerate().rev() {
-            layer.backward(&self.residuals[l], &saved.lengths, &mut self.d_a, &mut self.scratch, &step)?;
+            layer.backward(&self.residuals[l], &enc.lengths, &mut self.d_a, &mut self.scratch, &step)?;
         }
         // Embeddings.
         hidden_dropout(bk, &mut self.d_a, self.config.hidden_dropout, 0, DropoutSite::Embedding, &step)?;
@@ -409,9 +455,9 @@ impl BertModel {
             None => &self.d_a,
         };
         if let Some(tt) = self.tokentype_embeddings.as_mut() {
-            bk.embedding_backward(&saved.types, d_emb, 0, &mut tt.grad)?;
+            bk.embedding_backward(&enc.types, d_emb, 0, &mut tt.grad)?;
         }
-        self.embedding.backward(&saved.ids, d_emb, &step)
+        self.embedding.backward(&enc.ids, d_emb, &step)
     }
 
     /// The `(B, T, V/tp)` logits of the last forward.

@@ -36,7 +36,13 @@ fn minilm_hidden_states_equal_transformers() {
     let bk: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut imp = load_hf_bert(&dir, bk.clone()).unwrap();
     println!("fresh: {:?}\nunused: {:?}", imp.fresh, imp.unused);
-    assert!(imp.fresh.iter().all(|n| n.starts_with("lm_head") || n == "output_layer.bias"), "{:?}", imp.fresh);
+    // A bare BertModel: the LM head and the sentence-order linear are fresh; the pooler is kept.
+    assert!(
+        imp.fresh.iter().all(|n| n.starts_with("lm_head") || n == "output_layer.bias" || n.starts_with("binary_head.")),
+        "{:?}",
+        imp.fresh
+    );
+    assert!(imp.unused.iter().all(|n| !n.starts_with("pooler")), "{:?}", imp.unused);
     let bytes =
         std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/minilm_hidden.safetensors"))
             .unwrap();
@@ -53,10 +59,10 @@ fn minilm_hidden_states_equal_transformers() {
         lengths: lengths.clone(),
         labels: vec![0; b * t],
         loss_mask: vec![0.0; b * t],
-        is_random: vec![],
+        is_random: vec![-1; b],
         seed: 0,
     };
-    imp.model.forward_bert(&x, Mode::Eval).unwrap();
+    imp.model.forward_encoder(&x, Mode::Eval).unwrap();
     let got = bk.to_host(imp.model.hidden_states()).unwrap().to_f32_vec();
     let (mut max_ref, mut max_diff) = (0f64, 0f64);
     for (r, &len) in lengths.iter().enumerate() {

@@ -1,0 +1,221 @@
+//! `megatron finetune`: BERT finetuning on a GLUE classification task, like Megatron's
+//! `tasks/main.py --task MNLI|QQP` (SPEC §9.4), plus MRPC and RTE in the GLUE TSV layout:
+//! the pretrained `bert` checkpoint (`--load`, e.g. from `megatron import hf`) with the
+//! pooler + `classification_head` of `megatron_bert::BertClassifier`, Adam with a linear
+//! warmup/decay schedule, clipping, epochs over the shuffled training rows (the last partial
+//! batch dropped, as Megatron's loader), validation accuracy per epoch on every
+//! `--valid-data` file (with the majority-class rate for reference), a checkpoint per epoch
+//! in `--save`. Runs at tp = 1 on one rank.
+
+use crate::hf::bert::load_bert_checkpoint;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use megatron_bert::{BertBatch, BertClassifier};
+use megatron_core::{Backend, Mode, Optimizer, ParallelContext, Registry, Tokenizer};
+use megatron_datasets::bert::glue::{build_pair_sample, read_glue_tsv, GlueExample, GlueTask};
+use std::path::PathBuf;
+
+#[derive(Args, Clone, Debug)]
+pub struct FinetuneArgs {
+    /// MNLI, QQP, MRPC or RTE.
+    #[arg(long)]
+    pub task: String,
+    #[arg(long, num_args = 1.., required = true)]
+    pub train_data: Vec<PathBuf>,
+    #[arg(long, num_args = 1.., required = true)]
+    pub valid_data: Vec<PathBuf>,
+    /// The pretrained `bert` checkpoint.
+    #[command(flatten)]
+    pub load: crate::generate::LoadArgs,
+    /// Where the finetuned checkpoints go (one per epoch).
+    #[arg(long)]
+    pub save: Option<PathBuf>,
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch_size: usize,
+    #[arg(long, default_value_t = 128)]
+    pub seq_length: usize,
+    #[arg(long, default_value_t = 5e-5)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.065)]
+    pub lr_warmup_fraction: f64,
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub clip_grad: f64,
+    #[arg(long, default_value_t = 0.1)]
+    pub hidden_dropout: f32,
+    #[arg(long, default_value_t = 0.1)]
+    pub attention_dropout: f32,
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 10)]
+    pub log_interval: usize,
+}
+
+/// One encoded row: ids, types, real length, label.
+type Row = (Vec<i32>, Vec<i32>, usize, i32);
+
+fn encode(tok: &dyn Tokenizer, examples: &[GlueExample], seq: usize) -> Result<Vec<Row>> {
+    let sp = tok.special_ids();
+    let (Some(cls), Some(sep)) = (sp.cls, sp.sep) else {
+        bail!("tokenizer {} has no [CLS]/[SEP]: finetuning needs a BERT WordPiece vocabulary", tok.name());
+    };
+    let pad = sp.pad.unwrap_or(0) as i64;
+    examples
+        .iter()
+        .map(|e| {
+            let a: Vec<i64> = tok.encode(&e.text_a)?.into_iter().map(i64::from).collect();
+            let b: Vec<i64> = tok.encode(&e.text_b)?.into_iter().map(i64::from).collect();
+            let (ids, types, len) = build_pair_sample(&a, Some(&b), seq, cls as i64, sep as i64, pad);
+            let i32s = |v: Vec<i64>| v.into_iter().map(|x| x as i32).collect::<Vec<_>>();
+            Ok((i32s(ids), i32s(types), len, e.label as i32))
+        })
+        .collect()
+}
+
+fn batch(rows: &[&Row], seq: usize, seed: u64) -> BertBatch {
+    let n = rows.len();
+    BertBatch {
+        batch: n,
+        seq,
+        tokens: rows.iter().flat_map(|r| r.0.iter().copied()).collect(),
+        types: rows.iter().flat_map(|r| r.1.iter().copied()).collect(),
+        lengths: rows.iter().map(|r| r.2).collect(),
+        labels: vec![0; n * seq],
+        loss_mask: vec![0.0; n * seq],
+        is_random: rows.iter().map(|r| r.3).collect(),
+        seed,
+    }
+}
+
+/// splitmix64: the shuffle and dropout seeds (a pure function of the seed and the counter).
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Accuracy of the classifier on `rows` (eval mode).
+fn accuracy(model: &mut BertClassifier, rows: &[Row], seq: usize, mbs: usize) -> Result<usize> {
+    let mut correct = 0;
+    for chunk in rows.chunks(mbs) {
+        let refs: Vec<&Row> = chunk.iter().collect();
+        let out = model.forward(&batch(&refs, seq, 0), Mode::Eval)?;
+        correct += out.predictions.iter().zip(chunk).filter(|(p, r)| **p as i32 == r.3).count();
+    }
+    Ok(correct)
+}
+
+pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
+    let task = GlueTask::parse(&args.task)?;
+    if args.micro_batch_size == 0 || args.epochs == 0 || args.seq_length < 3 {
+        bail!("--micro-batch-size and --epochs must be >= 1 and --seq-length >= 3");
+    }
+    let loaded = load_bert_checkpoint(registry, &args.load, [args.hidden_dropout, args.attention_dropout])?;
+    let seq = args.seq_length;
+    if seq > loaded.model.config().max_position_embeddings {
+        bail!("--seq-length {seq} exceeds the model's {} positions", loaded.model.config().max_position_embeddings);
+    }
+    let read = |paths: &[PathBuf]| -> Result<Vec<(PathBuf, Vec<Row>)>> {
+        paths
+            .iter()
+            .map(|p| Ok((p.clone(), encode(loaded.tokenizer.as_ref(), &read_glue_tsv(p, task)?, seq)?)))
+            .collect()
+    };
+    let train: Vec<Row> = read(&args.train_data)?.into_iter().flat_map(|(_, r)| r).collect();
+    let valid = read(&args.valid_data)?;
+    let mut model = BertClassifier::new(loaded.model, task.num_classes(), args.seed)?;
+    let backend = model.bert.backend();
+    let mut adam = megatron_optim::Adam::new(megatron_optim::AdamConfig::default())?;
+    let mbs = args.micro_batch_size;
+    let per_epoch = train.len() / mbs;
+    if per_epoch == 0 {
+        bail!("{} training rows are fewer than --micro-batch-size {mbs}", train.len());
+    }
+    let total = per_epoch * args.epochs;
+    let warmup = (args.lr_warmup_fraction * total as f64).round() as usize;
+    let lr_at = |it: usize| {
+        if it < warmup {
+            args.lr * (it + 1) as f64 / warmup as f64
+        } else {
+            args.lr * (total - it) as f64 / (total - warmup).max(1) as f64
+        }
+    };
+    println!(
+        "finetuning {task:?} ({} classes) from {} (iteration {}): {} training rows, {per_epoch} iterations per epoch, \
+         {} epochs",
+        task.num_classes(),
+        args.load.load.display(),
+        loaded.iteration,
+        train.len(),
+        args.epochs
+    );
+    let ctx = ParallelContext::single();
+    let mut it = 0usize;
+    for epoch in 0..args.epochs {
+        // Fisher-Yates with a per-epoch stream: the order depends on --seed and the epoch only.
+        let mut order: Vec<usize> = (0..train.len()).collect();
+        for i in (1..order.len()).rev() {
+            let j = (mix(args.seed ^ mix(epoch as u64 * 1_000_003 + i as u64)) % (i as u64 + 1)) as usize;
+            order.swap(i, j);
+        }
+        let (mut loss_sum, mut rows_seen) = (0.0, 0usize);
+        for step in 0..per_epoch {
+            let rows: Vec<&Row> = order[step * mbs..(step + 1) * mbs].iter().map(|&i| &train[i]).collect();
+            zero_grads(&mut model, backend.as_ref())?;
+            let out = model.forward(&batch(&rows, seq, mix(args.seed + it as u64)), Mode::Train)?;
+            model.backward(1.0 / mbs as f32)?;
+            let lr = lr_at(it);
+            {
+                let mut params = model.params_mut();
+                megatron_optim::clip_grad_norm(&mut params, args.clip_grad, backend.as_ref(), &ctx)?;
+                adam.step(&mut params, lr, args.weight_decay, backend.as_ref())?;
+            }
+            it += 1;
+            loss_sum += out.loss_sum;
+            rows_seen += mbs;
+            if it.is_multiple_of(args.log_interval) {
+                println!(
+                    " iteration {it:6}/{total:6} | epoch {} | learning rate: {lr:.3E} | loss: {:.4}",
+                    epoch + 1,
+                    loss_sum / rows_seen as f64
+                );
+                (loss_sum, rows_seen) = (0.0, 0);
+            }
+        }
+        for (path, rows) in &valid {
+            let correct = accuracy(&mut model, rows, seq, mbs)?;
+            let mut counts = vec![0usize; task.num_classes()];
+            rows.iter().for_each(|r| counts[r.3 as usize] += 1);
+            let majority = counts.iter().max().copied().unwrap_or(0);
+            println!(
+                "epoch {} | {}: accuracy {:.2}% ({correct}/{}) | majority class {:.2}%",
+                epoch + 1,
+                path.display(),
+                100.0 * correct as f64 / rows.len() as f64,
+                rows.len(),
+                100.0 * majority as f64 / rows.len() as f64
+            );
+        }
+        if let Some(dir) = &args.save {
+            let mut meta_args = loaded.args.clone();
+            meta_args["finetune_task"] = serde_json::json!(format!("{task:?}"));
+            meta_args["finetune_classes"] = serde_json::json!(task.num_classes());
+            let meta = megatron_checkpoint::CheckpointMeta { args: meta_args, ..Default::default() };
+            let path = megatron_checkpoint::save(dir, it as u64, &model.params(), None, meta, backend.as_ref(), &ctx)
+                .with_context(|| format!("saving the finetuned model to {}", dir.display()))?;
+            println!("saved {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn zero_grads(model: &mut BertClassifier, backend: &dyn Backend) -> Result<()> {
+    for p in model.params_mut() {
+        backend.fill(&mut p.grad, 0.0)?;
+    }
+    Ok(())
+}
