@@ -103,6 +103,10 @@ pub fn run(args: &ImportHfArgs, registry: &Registry) -> Result<PathBuf> {
         std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {} (--hf-dir)", cfg_path.display()))?;
     let cfg: Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", cfg_path.display()))?;
+    #[cfg(feature = "t5")]
+    if super::t5::is_t5(&cfg) {
+        return super::t5::import(dir, &cfg, &cfg_path, &args.save, registry);
+    }
     if super::import_llama::is_llama_family(&cfg) {
         return super::import_llama::run(dir, &cfg, &cfg_path, &args.save, args.make_vocab_size_divisible_by, registry);
     }

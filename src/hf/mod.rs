@@ -6,6 +6,8 @@ pub mod export;
 pub mod gguf;
 pub mod import;
 pub mod import_llama;
+#[cfg(feature = "t5")]
+pub mod t5;
 
 use clap::Subcommand;
 

@@ -184,6 +184,54 @@ impl T5Model {
         self.backend.from_host(HostBuffer::I32(v.to_vec()), &[v.len()])
     }
 
+    /// Tensor-parallel size of the model's parallel context.
+    pub fn tp_size(&self) -> usize {
+        self.ctx.tp_size()
+    }
+
+    /// Embedding, encoder stack and final norm: `(pre-final x, enc_out)`, both `(B*S_enc, C)`.
+    fn encoder_pass(
+        &mut self,
+        enc_ids: &DeviceTensor,
+        enc_len: &DeviceTensor,
+        enc_bias: Option<&DeviceTensor>,
+        step: &StepInfo,
+    ) -> Result<(DeviceTensor, DeviceTensor)> {
+        let be = self.backend.clone();
+        let (b, se, h) = (step.batch, step.seq, self.config.hidden_size);
+        let mut x = be.zeros(&[b * se, h], DType::F32)?;
+        self.embedding.forward(enc_ids, &mut x, step)?;
+        let enc_in = AttnInputs {
+            batch: b,
+            q_len: se,
+            kv_len: se,
+            q_valid: Some(enc_len),
+            kv_valid: Some(enc_len),
+            bias: enc_bias,
+        };
+        for layer in &mut self.encoder {
+            x = layer.forward(x, None, enc_in, None, step)?;
+        }
+        let mut enc_out = be.zeros(&[b * se, h], DType::F32)?;
+        self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
+        Ok((x, enc_out))
+    }
+
+    /// The encoder output `(S, C)` of one unpadded input of `S` tokens (inference: generation
+    /// encodes once, see [`crate::decode`]). `S` is free with relative positions and at most
+    /// `max_position_embeddings` with learned ones.
+    pub fn encode(&mut self, enc_tokens: &[i32]) -> Result<DeviceTensor> {
+        let se = enc_tokens.len();
+        if se == 0 {
+            bail!("t5 encode: the encoder input is empty");
+        }
+        let step = StepInfo { batch: 1, seq: se, train: false, seed: 0 };
+        let ids = self.ids(enc_tokens)?;
+        let len = lengths(self.backend.as_ref(), &[se])?;
+        let bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
+        Ok(self.encoder_pass(&ids, &len, bias.as_ref(), &step)?.1)
+    }
+
     /// Runs encoder and decoder; returns the saved state (with the logits).
     fn run(&mut self, t: T5Batch, seed: u64, train: bool) -> Result<Saved> {
         let be = self.backend.clone();
@@ -195,23 +243,7 @@ impl T5Model {
         let (enc_len, dec_len) = (lengths(be, &t.enc_len)?, lengths(be, &t.dec_len)?);
         let enc_bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
         let dec_bias = self.decoder_relative.as_ref().map(|r| r.forward(sd, sd)).transpose()?;
-        // Encoder.
-        let mut x = be.zeros(&[b * se, h], DType::F32)?;
-        self.embedding.forward(&enc_ids, &mut x, &enc_step)?;
-        let enc_in = AttnInputs {
-            batch: b,
-            q_len: se,
-            kv_len: se,
-            q_valid: Some(&enc_len),
-            kv_valid: Some(&enc_len),
-            bias: enc_bias.as_ref(),
-        };
-        for layer in &mut self.encoder {
-            x = layer.forward(x, None, enc_in, None, &enc_step)?;
-        }
-        let mut enc_out = be.zeros(&[b * se, h], DType::F32)?;
-        self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
-        let enc_pre_final = x;
+        let (enc_pre_final, enc_out) = self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step)?;
         // Decoder.
         let mut y = be.zeros(&[b * sd, h], DType::F32)?;
         self.embedding.forward(&dec_ids, &mut y, &dec_step)?;

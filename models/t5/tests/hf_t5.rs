@@ -99,3 +99,29 @@ fn hf_t5_export_round_trips_bit_identically() {
         assert!(v.iter().zip(values).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} differs");
     }
 }
+
+/// The cached decoding (encoder once, KV caches) gives transformers' greedy tokens too.
+#[test]
+fn hf_t5_cached_greedy_matches_transformers() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_t5_tiny");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ints = |k: &str| exp[k].as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as i32).collect::<Vec<_>>();
+    let (enc, want) = (ints("input_ids"), ints("greedy"));
+    // Sequence lengths are not structural with relative positions: any will do.
+    let c = t5_config_from_hf(&cfg, 4, 4).unwrap();
+    let be: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let mut m = T5Model::new(c, be, ParallelContext::single()).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
+        let t = st.tensor(name).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        let v = t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        Ok((t.shape().to_vec(), v))
+    };
+    load_hf_t5(&mut m, &get).unwrap();
+    let got = megatron_t5::decode::greedy_cached(&mut m, &enc, 0, Some(1), 8).unwrap();
+    assert_eq!(got, want);
+}
