@@ -1,8 +1,10 @@
 """Oracle of tests/t5_hf_cli.rs (megatron import hf / export hf / generate for T5).
 
-  make DIR        a tiny random T5ForConditionalGeneration (T5 v1.0 style: ReLU, tied head)
-                  saved with save_pretrained into DIR, and DIR/expected.json with its logits for
-                  one (input, decoder input) pair and its greedy generation.
+  make DIR [v11]  a tiny random T5ForConditionalGeneration saved with save_pretrained into DIR
+                  (T5 v1.0 style: ReLU, tied head scaled by d_model^-0.5; with `v11` T5 v1.1
+                  style: gated GeLU and tie_word_embeddings=False, which transformers 5.x turns
+                  into `scale_decoder_outputs: false` with the head still tied), and DIR/expected.json with its logits for one (input, decoder input)
+                  pair and its greedy generation.
   check ORIG OUT  loads OUT (written by `megatron export hf`) with transformers: every tensor
                   equals ORIG's bit for bit and the logits are identical.
 
@@ -25,12 +27,13 @@ def logits_of(model):
         return model(input_ids=torch.tensor(ENC), decoder_input_ids=torch.tensor(DEC)).logits[0]
 
 
-def make(out):
-    torch.manual_seed(1)
+def make(out, variant="v10"):
+    v11 = variant == "v11"
+    torch.manual_seed(2 if v11 else 1)
     cfg = T5Config(
         vocab_size=40, d_model=24, d_kv=6, d_ff=32, num_layers=3, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
-        layer_norm_epsilon=1e-6, feed_forward_proj="relu", tie_word_embeddings=True,
+        layer_norm_epsilon=1e-6, feed_forward_proj="gated-gelu" if v11 else "relu", tie_word_embeddings=not v11,
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
     )
     model = T5ForConditionalGeneration(cfg).eval()
@@ -59,4 +62,4 @@ def check(orig, out):
 
 
 if __name__ == "__main__":
-    {"make": lambda: make(sys.argv[2]), "check": lambda: check(sys.argv[2], sys.argv[3])}[sys.argv[1]]()
+    {"make": lambda: make(*sys.argv[2:4]), "check": lambda: check(sys.argv[2], sys.argv[3])}[sys.argv[1]]()

@@ -1,7 +1,8 @@
-//! `megatron import hf`, `generate` and `export hf` for T5 on a tiny random
-//! `T5ForConditionalGeneration` (T5 v1.0 style: ReLU, tied head; 3 encoder / 2 decoder layers)
-//! saved by transformers' `save_pretrained` (`tests/fixtures/hf_t5_relu_tiny`, made by
-//! `scripts/t5_hf_cli_check.py make`): the imported checkpoint's logits equal transformers'
+//! `megatron import hf`, `generate` and `export hf` for T5 on tiny random
+//! `T5ForConditionalGeneration`s (3 encoder / 2 decoder layers) saved by transformers'
+//! `save_pretrained`: T5 v1.0 style (ReLU, scaled tied head; `tests/fixtures/hf_t5_relu_tiny`)
+//! and T5 v1.1 style (gated GeLU, unscaled head; `tests/fixtures/hf_t5_v11_tiny`), made by
+//! `scripts/t5_hf_cli_check.py make DIR [v11]`: the imported checkpoint's logits equal transformers'
 //! within 1e-4 relative, `megatron generate` (KV cache, and the full recompute) prints
 //! transformers' greedy tokens, and the export gives back every tensor bit for bit; with
 //! /work/venv (or $MEGATRON_PYTHON) transformers also loads the export and its logits are
@@ -22,6 +23,10 @@ use std::process::Command;
 
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_t5_relu_tiny")
+}
+
+fn fixture_v11() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_t5_v11_tiny")
 }
 
 fn ints(v: &Value) -> Vec<i32> {
@@ -47,7 +52,17 @@ fn generate_cli(ckpt: &Path, prompt: &str, extra: &[&str]) -> String {
 
 #[test]
 fn t5_import_generate_export_match_transformers() {
-    let fx = fixture();
+    check_fixture(&fixture(), "relu");
+}
+
+/// T5 v1.1 style: gated GeLU, no `d_model^-0.5` before the head (`scale_decoder_outputs: false`).
+#[test]
+fn t5_v11_import_generate_export_match_transformers() {
+    check_fixture(&fixture_v11(), "gated-gelu");
+}
+
+fn check_fixture(fx: &Path, ffn: &str) {
+    let fx = fx.to_path_buf();
     let exp: Value = serde_json::from_str(&std::fs::read_to_string(fx.join("expected.json")).unwrap()).unwrap();
     let (enc, dec, greedy) = (ints(&exp["input_ids"]), ints(&exp["decoder_input_ids"]), ints(&exp["greedy"]));
     let tmp = tempfile::tempdir().unwrap();
@@ -70,7 +85,7 @@ fn t5_import_generate_export_match_transformers() {
     assert_eq!(logits.len(), want.len());
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
     let worst = logits.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0f64, f64::max);
-    println!("t5 relu import: max |logit| {scale:.3}, worst abs diff {worst:.3e} ({:.3e} relative)", worst / scale);
+    println!("t5 {ffn} import: max |logit| {scale:.3}, worst abs diff {worst:.3e} ({:.3e} relative)", worst / scale);
     assert!(worst <= 1e-4 * scale);
     assert_eq!((loaded.decoder_start, loaded.eos), (0, Some(1)));
 
@@ -98,7 +113,7 @@ fn t5_import_generate_export_match_transformers() {
     }
     println!("export: {} tensors bit-identical; whole file identical: {}", sa.len(), a == b);
     let cfg: Value = serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
-    assert_eq!(cfg["feed_forward_proj"], "relu");
+    assert_eq!(cfg["feed_forward_proj"], ffn);
     assert_eq!(cfg["num_decoder_layers"], 2);
 
     // transformers loads the export and computes identical logits.

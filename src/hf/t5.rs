@@ -33,7 +33,8 @@ pub fn is_t5(cfg: &Value) -> bool {
             .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("T5ForConditionalGeneration")))
 }
 
-/// Names transformers may store for the tied word embedding besides `shared.weight`.
+/// Names transformers may store for the tied word embedding besides `shared.weight` (with an
+/// untied head `lm_head.weight` is read as the head and so never taken for a copy).
 const TIED: [&str; 3] = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"];
 
 /// f32 values of a safetensors tensor (F32, BF16 or F16).
@@ -51,13 +52,6 @@ fn values(st: &SafeTensors, name: &str, file: &Path) -> Result<(Vec<usize>, Vec<
 
 /// `megatron import hf` of a T5 directory (called by [`super::import::run`]).
 pub fn import(dir: &Path, cfg: &Value, cfg_path: &Path, save: &Path, registry: &Registry) -> Result<PathBuf> {
-    if cfg["tie_word_embeddings"].as_bool() == Some(false) {
-        bail!(
-            "{}: tie_word_embeddings is false (an untied LM head, T5 v1.1 style); megatron-rs's T5 has the tied head \
-             only so far",
-            cfg_path.display()
-        );
-    }
     // Sequence lengths are not part of a relative-position model; these are recorded defaults.
     let enc_seq = cfg["n_positions"].as_u64().unwrap_or(512) as usize;
     let config = t5_config_from_hf(cfg, enc_seq, 128).with_context(|| format!("reading {}", cfg_path.display()))?;
@@ -175,7 +169,8 @@ fn hf_config(c: &T5Config, start: i32, eos: Option<i32>) -> Value {
         "layer_norm_epsilon": c.layernorm_epsilon,
         "feed_forward_proj": if c.activation == T5Activation::GatedGelu { "gated-gelu" } else { "relu" },
         "dropout_rate": 0.0,
-        "tie_word_embeddings": true,
+        "tie_word_embeddings": !c.untie_embeddings_and_output_weights,
+        "scale_decoder_outputs": c.output_scale.is_some(),
         "decoder_start_token_id": start,
         "pad_token_id": start,
         "eos_token_id": eos,
@@ -206,8 +201,13 @@ pub fn export(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
             c.activation
         );
     }
-    if c.output_scale.is_none_or(|s| (s - (c.hidden_size as f32).powf(-0.5)).abs() > 1e-7) {
-        bail!("the tied head of a Hugging Face T5 scales the decoder output by d_model^-0.5; this model does not");
+    let d_scale = (c.hidden_size as f32).powf(-0.5);
+    if c.output_scale.is_some_and(|s| s != d_scale) {
+        bail!(
+            "Hugging Face T5 scales the decoder output by d_model^-0.5 = {d_scale} or not at all; this model has \
+             output_scale {:?}",
+            c.output_scale
+        );
     }
     let tensors = export_hf_t5(&loaded.model)?;
     let dtype = export_dtype(args.dtype.as_deref(), &loaded.args)?;

@@ -80,7 +80,7 @@ impl T5Model {
         if let Some(s) = self.config().output_scale {
             be.scale(&mut head_in, s)?;
         }
-        let w = &self.embedding.word_embeddings.weight.value;
+        let w = self.head_weight();
         let mut logits = be.zeros(&[1, w.shape()[0]], DType::F32)?;
         linear_forward(be, &head_in, w, self.lm_head_bias.as_ref().map(|p| &p.value), &mut logits)?;
         state.pos += 1;

@@ -56,6 +56,8 @@ pub struct T5Model {
     pub encoder_final_layernorm: Box<dyn NormLayer>,
     pub decoder: Vec<T5Layer>,
     pub decoder_final_layernorm: Box<dyn NormLayer>,
+    /// `lm_head.output_layer.weight` `[V_padded/tp, h]` when untied; else the word embedding.
+    pub output_layer: Option<Param>,
     pub lm_head_bias: Option<Param>,
     ce: VocabParallelCrossEntropy,
     saved: Option<Saved>,
@@ -150,6 +152,11 @@ impl T5Model {
         };
         let encoder = (0..config.encoder_num_layers).map(|i| layer("encoder", i, false)).collect::<Result<Vec<_>>>()?;
         let decoder = (0..config.decoder_num_layers).map(|i| layer("decoder", i, true)).collect::<Result<Vec<_>>>()?;
+        let output_layer = if config.untie_embeddings_and_output_weights {
+            Some(b.param("lm_head.output_layer.weight", &[vocab, h], Split::Rows { chunks: 1 }, Init::Normal(std))?)
+        } else {
+            None
+        };
         let lm_head_bias = if config.lm_head_bias {
             Some(b.param("lm_head.output_layer.bias", &[vocab], Split::Rows { chunks: 1 }, Init::Zeros)?)
         } else {
@@ -167,6 +174,7 @@ impl T5Model {
             decoder_relative,
             encoder,
             decoder,
+            output_layer,
             lm_head_bias,
             saved: None,
         })
@@ -185,6 +193,11 @@ impl T5Model {
     }
 
     /// Tensor-parallel size of the model's parallel context.
+    /// The LM head weight `[V_padded/tp, h]`: the untied output layer or the word embedding.
+    pub fn head_weight(&self) -> &DeviceTensor {
+        self.output_layer.as_ref().map_or(&self.embedding.word_embeddings.weight.value, |p| &p.value)
+    }
+
     pub fn tp_size(&self) -> usize {
         self.ctx.tp_size()
     }
@@ -271,8 +284,8 @@ impl T5Model {
         if let Some(s) = self.config.output_scale {
             be.scale(&mut head_in, s)?;
         }
-        // Tied LM head with bias: logits stay vocab-parallel.
-        let w = &self.embedding.word_embeddings.weight.value;
+        // LM head (tied unless untied) with bias: logits stay vocab-parallel.
+        let w = self.head_weight();
         let mut logits = be.zeros(&[b * sd, w.shape()[0]], DType::F32)?;
         copy_to_tp_region_forward(&self.ctx, &head_in)?;
         linear_forward(be, &head_in, w, self.lm_head_bias.as_ref().map(|p| &p.value), &mut logits)?;
@@ -328,7 +341,10 @@ impl Model for T5Model {
         self.ce.backward_inplace(&mut s.logits, &s.targets, vocab_start, &d_loss)?;
         let mut d_head = be.zeros(s.head_in.shape(), DType::F32)?;
         {
-            let w = &mut self.embedding.word_embeddings.weight;
+            let w = match self.output_layer.as_mut() {
+                Some(p) => p,
+                None => &mut self.embedding.word_embeddings.weight,
+            };
             let d_b = self.lm_head_bias.as_mut().map(|p| &mut p.grad);
             linear_backward(be, &s.head_in, &w.value, &s.logits, Some(&mut d_head), &mut w.grad, d_b)?;
         }
@@ -414,6 +430,7 @@ impl Model for T5Model {
             v.extend(l.params());
         }
         v.extend(self.decoder_final_layernorm.params());
+        v.extend(self.output_layer.iter());
         v.extend(self.lm_head_bias.iter());
         v
     }
@@ -430,6 +447,7 @@ impl Model for T5Model {
             v.extend(l.params_mut());
         }
         v.extend(self.decoder_final_layernorm.params_mut());
+        v.extend(self.output_layer.iter_mut());
         v.extend(self.lm_head_bias.iter_mut());
         v
     }
