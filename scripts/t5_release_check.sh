@@ -38,3 +38,9 @@ paste <(grep -o 'iteration *[0-9]*/' "$RUN/tp1.log" | tr -dc '0-9\n') \
       <(grep -o 'lm loss: [0-9.E+-]*' "$RUN/tp1.log" | awk '{print $3}') \
       <(grep -o 'lm loss: [0-9.E+-]*' "$RUN/tp2.log" | awk '{print $3}')
 grep -i "validation" "$RUN/tp1.log" "$RUN/tp2.log" | cut -c1-200
+# Generation from the tp1 checkpoint: KV cache vs full recompute (greedy, 31 new tokens).
+P="first citizen : before we proceed any further , hear me speak ."
+for flag in "" --no-kv-cache; do
+  $M generate --load "$RUN/ckpt_tp1" --prompt "$P" --top-k 1 --tokens-to-generate 31 $flag 2>&1 | tail -2
+done
+$M generate --load "$RUN/ckpt_tp2" --prompt "$P" --top-k 1 --tokens-to-generate 31 2>&1 | tail -2
