@@ -76,6 +76,10 @@ pub fn sampling_from(temperature: f32, top_k: usize, top_p: f32) -> Result<Sampl
 }
 
 pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
+    #[cfg(feature = "t5")]
+    if super::t5::is_t5_checkpoint(&args.load) {
+        return super::t5::run(args, registry);
+    }
     let prompts: Vec<String> = match (&args.prompt, &args.prompts_file) {
         (Some(p), None) => vec![p.clone()],
         (None, Some(f)) => std::fs::read_to_string(f)

@@ -6,6 +6,8 @@ pub mod chat;
 pub mod cli;
 pub mod engine;
 pub mod loader;
+#[cfg(feature = "t5")]
+pub mod t5;
 /// Sampling lives in the serving crate (the continuous-batching engine uses it too).
 pub use megatron_serving::sampling;
 

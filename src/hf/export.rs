@@ -180,6 +180,10 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
+    #[cfg(feature = "t5")]
+    if crate::generate::t5::is_t5_checkpoint(&args.load) {
+        return super::t5::export(args, registry);
+    }
     let out = &args.out;
     if out.exists() && std::fs::read_dir(out).map(|mut d| d.next().is_some()).unwrap_or(true) {
         bail!("--out {} already exists and is not empty; choose a new directory", out.display());

@@ -117,6 +117,10 @@ pub fn run(args: &ImportHfArgs, registry: &Registry) -> Result<PathBuf> {
     if super::bert::is_bert(&cfg) {
         return super::bert::import(dir, &cfg, &args.save, args.make_vocab_size_divisible_by, registry);
     }
+    #[cfg(feature = "t5")]
+    if super::t5::is_t5(&cfg) {
+        return super::t5::import(dir, &cfg, &cfg_path, &args.save, registry);
+    }
     if super::import_llama::is_llama_family(&cfg) {
         return super::import_llama::run(dir, &cfg, &cfg_path, &args.save, args.make_vocab_size_divisible_by, registry);
     }

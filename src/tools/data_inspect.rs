@@ -46,6 +46,16 @@ pub struct InspectArgs {
     /// Write the three index arrays (and the description) here as Megatron names them.
     #[arg(long)]
     pub dump_indices: Option<PathBuf>,
+    /// `t5`: the span-corruption samples of Megatron's T5 dataset (src/tools/data_inspect_t5.rs);
+    /// `--seq-length` is then the encoder length.
+    #[arg(long, default_value = "gpt")]
+    pub model: String,
+    /// T5: decoder sequence length.
+    #[arg(long, default_value_t = 128)]
+    pub decoder_seq_length: usize,
+    /// T5: masked fraction and mean span length over the first N samples.
+    #[arg(long, default_value_t = 0)]
+    pub stats: usize,
     /// The tokenizer to decode samples with (src/tokenizer_flags.rs).
     #[command(flatten)]
     pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
@@ -78,6 +88,9 @@ fn tokenizer(a: &InspectArgs, registry: &Registry) -> Result<Option<Arc<dyn Toke
 /// The report `megatron data inspect` prints.
 pub fn inspect(a: &InspectArgs, registry: &Registry) -> Result<String> {
     use std::fmt::Write;
+    if a.model == "t5" {
+        return super::data_inspect_t5::inspect(a, registry);
+    }
     let k = SPLIT_NAMES
         .iter()
         .position(|s| *s == a.split)

@@ -7,7 +7,7 @@
 
 use crate::host::{merge_qkv, split_qkv};
 use anyhow::Result;
-use megatron_core::{Backend, CrossAttentionSpec, DeviceTensor, Param};
+use megatron_core::{Backend, CrossAttentionSpec, DeviceTensor, HostBuffer, Param};
 use megatron_transformer::step::{empty, ensure_shape};
 use megatron_transformer::{
     ColumnParallelLinear, DropoutSite, LinearConfig, LinearLayer, ModuleBuilder, RowParallelLinear, StepInfo,
@@ -217,6 +217,96 @@ impl T5Attention {
                 }
             }
         }
+    }
+
+    /// Incremental decoding (inference, batch 1): the self-attention of the newest decoder
+    /// position. `x (1, C)` is its normed input; its key/value row `(heads, 2, hd)` is appended
+    /// to `kv_cache` (host, `(t, heads, 2, hd)` for the `t` positions so far) and its query
+    /// attends to all `t + 1` keys with `bias (heads, 1, t + 1)` (the causal mask is implied:
+    /// only earlier keys are in the cache). `out (1, C)`.
+    pub fn decode_self(
+        &mut self,
+        x: &DeviceTensor,
+        kv_cache: &mut Vec<f32>,
+        bias: Option<&DeviceTensor>,
+        out: &mut DeviceTensor,
+    ) -> Result<()> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        let (h, hd) = (self.heads, self.hd);
+        let Proj::Qkv(qkv) = &mut self.proj else { anyhow::bail!("t5 decode_self called on a cross-attention module") };
+        let mut fused = be.zeros(&[1, h * 3 * hd], megatron_core::DType::F32)?; // (1, heads, 3, hd)
+        qkv.forward(x, &mut fused)?;
+        let fused = be.to_host(&fused)?.to_f32_vec();
+        let mut q = Vec::with_capacity(h * hd);
+        for blk in fused.chunks_exact(3 * hd) {
+            q.extend_from_slice(&blk[..hd]);
+            kv_cache.extend_from_slice(&blk[hd..]);
+        }
+        let keys = kv_cache.len() / (h * 2 * hd);
+        let q = be.from_host(HostBuffer::F32(q), &[1, h * hd])?; // (1, 1, heads, hd)
+        let kv = be.from_host(HostBuffer::F32(kv_cache.clone()), &[keys, h * 2 * hd])?; // (1, t+1, heads, 2, hd)
+        self.attend(&q, &kv, None, bias, 1, keys, out)
+    }
+
+    /// The cross-attention keys/values of the encoder output `memory (Tk, C)`: `(Tk, heads, 2,
+    /// hd)`, computed once per generated sequence and layer.
+    pub fn cross_kv(&mut self, memory: &DeviceTensor) -> Result<DeviceTensor> {
+        let be = self.backend.clone();
+        let Proj::QKv(pair) = &mut self.proj else { anyhow::bail!("t5 cross_kv called on a self-attention module") };
+        let mut kv = be.zeros(&[memory.shape()[0], self.heads * 2 * self.hd], megatron_core::DType::F32)?;
+        pair.1.forward(memory, &mut kv)?;
+        Ok(kv)
+    }
+
+    /// Incremental decoding: the cross-attention of the newest decoder position `x (1, C)` to
+    /// the cached `kv (Tk, heads, 2, hd)` of [`Self::cross_kv`], keys `j < kv_valid[0]`.
+    pub fn decode_cross(
+        &mut self,
+        x: &DeviceTensor,
+        kv: &DeviceTensor,
+        kv_valid: &DeviceTensor,
+        out: &mut DeviceTensor,
+    ) -> Result<()> {
+        let be = self.backend.clone();
+        let Proj::QKv(pair) = &mut self.proj else {
+            anyhow::bail!("t5 decode_cross called on a self-attention module")
+        };
+        let mut q = be.zeros(&[1, self.heads * self.hd], megatron_core::DType::F32)?; // (1, 1, heads, hd)
+        pair.0.forward(x, &mut q)?;
+        let tk = kv.shape()[0];
+        self.attend(&q, kv, Some(kv_valid), None, 1, tk, out)
+    }
+
+    /// Inference attention of `q (1, tq, heads, hd)` to `kv (1, tk, heads, 2, hd)`, then `linear_proj`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &mut self,
+        q: &DeviceTensor,
+        kv: &DeviceTensor,
+        kv_valid: Option<&DeviceTensor>,
+        bias: Option<&DeviceTensor>,
+        tq: usize,
+        tk: usize,
+        out: &mut DeviceTensor,
+    ) -> Result<()> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        let spec = CrossAttentionSpec {
+            batch: 1,
+            q_len: tq,
+            kv_len: tk,
+            heads: self.heads,
+            head_dim: self.hd,
+            causal: false,
+            scale: self.scale,
+            dropout_p: 0.0,
+            dropout_seed: 0,
+        };
+        let mut ctx = be.zeros(&[1, tq, self.heads * self.hd], megatron_core::DType::F32)?;
+        let mut lse = be.zeros(&[spec.lse_numel()], megatron_core::DType::F32)?;
+        be.cross_attention_forward(q, kv, None, kv_valid, bias, &mut ctx, &mut lse, spec)?;
+        self.linear_proj.forward(&ctx, out)
     }
 
     pub fn params(&self) -> Vec<&Param> {

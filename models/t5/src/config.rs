@@ -115,6 +115,10 @@ pub struct T5Config {
     /// Multiplies the decoder output before the tied LM head (Hugging Face T5: `h^-0.5`).
     #[serde(default)]
     pub output_scale: Option<f32>,
+    /// An LM head of its own (`lm_head.output_layer.weight` `[V, h]`) instead of the word
+    /// embedding (Hugging Face T5 v1.1: `tie_word_embeddings: false`).
+    #[serde(default)]
+    pub untie_embeddings_and_output_weights: bool,
 }
 
 impl T5Config {
@@ -147,6 +151,7 @@ impl T5Config {
             lm_head_bias: true,
             softmax_scale: None,
             output_scale: None,
+            untie_embeddings_and_output_weights: false,
         }
     }
 

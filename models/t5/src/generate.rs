@@ -1,8 +1,8 @@
 //! Greedy encoder-decoder generation without caches: every step reruns the encoder and the
 //! decoder over a decoder row padded to the model's `decoder_seq_length` (the causal mask makes
 //! the padding invisible to the positions already generated) and takes the arg-max of the
-//! logits at the newest position. O(steps · (S_enc + S_dec)) work; the KV-cache version
-//! (cached cross-attention keys/values) is not written yet.
+//! logits at the newest position. O(steps · (S_enc + S_dec)) work: the reference that the
+//! cached decoding of [`crate::decode`] (encoder once, KV caches) is checked against.
 
 use crate::model::T5Model;
 use anyhow::{bail, Result};

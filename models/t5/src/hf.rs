@@ -1,6 +1,7 @@
 //! Hugging Face `T5ForConditionalGeneration` weights into [`T5Model`] (tensor parallel size
 //! 1): the config mapping (relative positions, RMS `T5LayerNorm`, no biases, ReLU or gated
-//! GeLU, unscaled attention, the tied head's `d_model^-0.5` scaling) and the name map:
+//! GeLU, unscaled attention, the tied head's `d_model^-0.5` scaling or an untied head) and the
+//! name map:
 //!
 //! | Hugging Face                                              | megatron-rs                                        |
 //! |-----------------------------------------------------------|----------------------------------------------------|
@@ -14,6 +15,7 @@
 //! | `….layer.{1,2}.DenseReluDense.wi` (`wi_0`, `wi_1`) / `wo` | `….mlp.linear_fc1` (`[wi_0; wi_1]`) / `linear_fc2` |
 //! | `….layer.{1,2}.layer_norm`                                | `….pre_mlp_layernorm.weight`                       |
 //! | `{enc,dec}oder.final_layer_norm`                          | `{enc,dec}oder.final_layernorm.weight`             |
+//! | `lm_head.weight` (untied, T5 v1.1)                        | `lm_head.output_layer.weight`                      |
 
 use crate::config::{T5Activation, T5Config};
 use crate::model::T5Model;
@@ -61,8 +63,11 @@ pub fn t5_config_from_hf(cfg: &Value, enc_seq: usize, dec_seq: usize) -> Result<
     c.attention_dropout = 0.0;
     // transformers scales the decoder output before the (always tied) head unless the config
     // says `tie_word_embeddings: false` (T5 v1.1), stored as `scale_decoder_outputs`.
-    let scale = cfg["scale_decoder_outputs"].as_bool().or(cfg["tie_word_embeddings"].as_bool()).unwrap_or(true);
+    let tied = cfg["tie_word_embeddings"].as_bool().unwrap_or(true);
+    let scale = cfg["scale_decoder_outputs"].as_bool().unwrap_or(tied);
     c.output_scale = scale.then(|| (d as f32).powf(-0.5));
+    // T5 v1.1: `lm_head.weight` of its own.
+    c.untie_embeddings_and_output_weights = !tied;
     Ok(c)
 }
 
@@ -126,6 +131,9 @@ pub fn load_hf_t5(model: &mut T5Model, get: HfGet) -> Result<()> {
             values.push((format!("{ours}.mlp.linear_fc2.weight"), w(&format!("{d}.wo.weight"))?));
         }
         values.push((format!("{stack}.final_layernorm.weight"), w(&format!("{stack}.final_layer_norm.weight"))?));
+    }
+    if c.untie_embeddings_and_output_weights {
+        values.push(("lm_head.output_layer.weight".into(), w("lm_head.weight")?));
     }
     let be = model.backend();
     let mut params = model.params_mut();
@@ -230,6 +238,11 @@ pub fn export_hf_t5(model: &T5Model) -> Result<Vec<HfTensor>> {
         }
         let (s, v) = get(&format!("{stack}.final_layernorm.weight"))?;
         out.push((format!("{stack}.final_layer_norm.weight"), s, v));
+    }
+    if c.untie_embeddings_and_output_weights {
+        let (_, mut head) = get("lm_head.output_layer.weight")?;
+        head.truncate(c.vocab_size * h);
+        out.push(("lm_head.weight".into(), vec![c.vocab_size, h], head));
     }
     Ok(out)
 }

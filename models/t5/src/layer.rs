@@ -199,6 +199,43 @@ impl T5Layer {
         Ok(d_x)
     }
 
+    /// Incremental decoding (inference, batch 1, no dropout): the newest decoder position
+    /// `x (1, C)` through this decoder layer, the same sums as [`Self::forward`]; its
+    /// self-attention key/value row is appended to `self_kv`, cross-attention uses the cached
+    /// `cross_kv (S_enc, heads, 2, hd)` with `enc_valid` keys.
+    pub fn decode_step(
+        &mut self,
+        x: &DeviceTensor,
+        self_kv: &mut Vec<f32>,
+        self_bias: Option<&DeviceTensor>,
+        cross_kv: &DeviceTensor,
+        enc_valid: &DeviceTensor,
+    ) -> Result<DeviceTensor> {
+        let be = self.backend.clone();
+        let be = be.as_ref();
+        let z = |t: &DeviceTensor| be.zeros(t.shape(), DType::F32);
+        let mut ln1 = z(x)?;
+        self.input_layernorm.forward(x, &mut ln1)?;
+        let mut a = z(x)?;
+        self.self_attention.decode_self(&ln1, self_kv, self_bias, &mut a)?;
+        let mut h1 = z(x)?;
+        be.add(x, &a, &mut h1)?;
+        let Some((nx, cross)) = &mut self.cross else { anyhow::bail!("t5 decode_step on an encoder layer") };
+        let mut l = z(x)?;
+        nx.forward(&h1, &mut l)?;
+        let mut c = z(x)?;
+        cross.decode_cross(&l, cross_kv, enc_valid, &mut c)?;
+        let mut h2 = z(x)?;
+        be.add(&h1, &c, &mut h2)?;
+        let mut ln2 = z(x)?;
+        self.pre_mlp_layernorm.forward(&h2, &mut ln2)?;
+        let mut m = z(x)?;
+        self.mlp.forward(&ln2, x.shape()[0], &mut m)?;
+        let mut y = z(x)?;
+        be.add(&h2, &m, &mut y)?;
+        Ok(y)
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         let mut v = self.input_layernorm.params();
         v.extend(self.self_attention.params());

@@ -12,6 +12,7 @@
 pub mod attention;
 pub mod batch;
 pub mod config;
+pub mod decode;
 pub mod generate;
 pub mod hf;
 pub mod host;

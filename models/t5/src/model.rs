@@ -56,6 +56,8 @@ pub struct T5Model {
     pub encoder_final_layernorm: Box<dyn NormLayer>,
     pub decoder: Vec<T5Layer>,
     pub decoder_final_layernorm: Box<dyn NormLayer>,
+    /// `lm_head.output_layer.weight` `[V_padded/tp, h]` when untied; else the word embedding.
+    pub output_layer: Option<Param>,
     pub lm_head_bias: Option<Param>,
     ce: VocabParallelCrossEntropy,
     saved: Option<Saved>,
@@ -150,6 +152,11 @@ impl T5Model {
         };
         let encoder = (0..config.encoder_num_layers).map(|i| layer("encoder", i, false)).collect::<Result<Vec<_>>>()?;
         let decoder = (0..config.decoder_num_layers).map(|i| layer("decoder", i, true)).collect::<Result<Vec<_>>>()?;
+        let output_layer = if config.untie_embeddings_and_output_weights {
+            Some(b.param("lm_head.output_layer.weight", &[vocab, h], Split::Rows { chunks: 1 }, Init::Normal(std))?)
+        } else {
+            None
+        };
         let lm_head_bias = if config.lm_head_bias {
             Some(b.param("lm_head.output_layer.bias", &[vocab], Split::Rows { chunks: 1 }, Init::Zeros)?)
         } else {
@@ -167,6 +174,7 @@ impl T5Model {
             decoder_relative,
             encoder,
             decoder,
+            output_layer,
             lm_head_bias,
             saved: None,
         })
@@ -184,6 +192,59 @@ impl T5Model {
         self.backend.from_host(HostBuffer::I32(v.to_vec()), &[v.len()])
     }
 
+    /// Tensor-parallel size of the model's parallel context.
+    /// The LM head weight `[V_padded/tp, h]`: the untied output layer or the word embedding.
+    pub fn head_weight(&self) -> &DeviceTensor {
+        self.output_layer.as_ref().map_or(&self.embedding.word_embeddings.weight.value, |p| &p.value)
+    }
+
+    pub fn tp_size(&self) -> usize {
+        self.ctx.tp_size()
+    }
+
+    /// Embedding, encoder stack and final norm: `(pre-final x, enc_out)`, both `(B*S_enc, C)`.
+    fn encoder_pass(
+        &mut self,
+        enc_ids: &DeviceTensor,
+        enc_len: &DeviceTensor,
+        enc_bias: Option<&DeviceTensor>,
+        step: &StepInfo,
+    ) -> Result<(DeviceTensor, DeviceTensor)> {
+        let be = self.backend.clone();
+        let (b, se, h) = (step.batch, step.seq, self.config.hidden_size);
+        let mut x = be.zeros(&[b * se, h], DType::F32)?;
+        self.embedding.forward(enc_ids, &mut x, step)?;
+        let enc_in = AttnInputs {
+            batch: b,
+            q_len: se,
+            kv_len: se,
+            q_valid: Some(enc_len),
+            kv_valid: Some(enc_len),
+            bias: enc_bias,
+        };
+        for layer in &mut self.encoder {
+            x = layer.forward(x, None, enc_in, None, step)?;
+        }
+        let mut enc_out = be.zeros(&[b * se, h], DType::F32)?;
+        self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
+        Ok((x, enc_out))
+    }
+
+    /// The encoder output `(S, C)` of one unpadded input of `S` tokens (inference: generation
+    /// encodes once, see [`crate::decode`]). `S` is free with relative positions and at most
+    /// `max_position_embeddings` with learned ones.
+    pub fn encode(&mut self, enc_tokens: &[i32]) -> Result<DeviceTensor> {
+        let se = enc_tokens.len();
+        if se == 0 {
+            bail!("t5 encode: the encoder input is empty");
+        }
+        let step = StepInfo { batch: 1, seq: se, train: false, seed: 0 };
+        let ids = self.ids(enc_tokens)?;
+        let len = lengths(self.backend.as_ref(), &[se])?;
+        let bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
+        Ok(self.encoder_pass(&ids, &len, bias.as_ref(), &step)?.1)
+    }
+
     /// Runs encoder and decoder; returns the saved state (with the logits).
     fn run(&mut self, t: T5Batch, seed: u64, train: bool) -> Result<Saved> {
         let be = self.backend.clone();
@@ -195,23 +256,7 @@ impl T5Model {
         let (enc_len, dec_len) = (lengths(be, &t.enc_len)?, lengths(be, &t.dec_len)?);
         let enc_bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
         let dec_bias = self.decoder_relative.as_ref().map(|r| r.forward(sd, sd)).transpose()?;
-        // Encoder.
-        let mut x = be.zeros(&[b * se, h], DType::F32)?;
-        self.embedding.forward(&enc_ids, &mut x, &enc_step)?;
-        let enc_in = AttnInputs {
-            batch: b,
-            q_len: se,
-            kv_len: se,
-            q_valid: Some(&enc_len),
-            kv_valid: Some(&enc_len),
-            bias: enc_bias.as_ref(),
-        };
-        for layer in &mut self.encoder {
-            x = layer.forward(x, None, enc_in, None, &enc_step)?;
-        }
-        let mut enc_out = be.zeros(&[b * se, h], DType::F32)?;
-        self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
-        let enc_pre_final = x;
+        let (enc_pre_final, enc_out) = self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step)?;
         // Decoder.
         let mut y = be.zeros(&[b * sd, h], DType::F32)?;
         self.embedding.forward(&dec_ids, &mut y, &dec_step)?;
@@ -239,8 +284,8 @@ impl T5Model {
         if let Some(s) = self.config.output_scale {
             be.scale(&mut head_in, s)?;
         }
-        // Tied LM head with bias: logits stay vocab-parallel.
-        let w = &self.embedding.word_embeddings.weight.value;
+        // LM head (tied unless untied) with bias: logits stay vocab-parallel.
+        let w = self.head_weight();
         let mut logits = be.zeros(&[b * sd, w.shape()[0]], DType::F32)?;
         copy_to_tp_region_forward(&self.ctx, &head_in)?;
         linear_forward(be, &head_in, w, self.lm_head_bias.as_ref().map(|p| &p.value), &mut logits)?;
@@ -296,7 +341,10 @@ impl Model for T5Model {
         self.ce.backward_inplace(&mut s.logits, &s.targets, vocab_start, &d_loss)?;
         let mut d_head = be.zeros(s.head_in.shape(), DType::F32)?;
         {
-            let w = &mut self.embedding.word_embeddings.weight;
+            let w = match self.output_layer.as_mut() {
+                Some(p) => p,
+                None => &mut self.embedding.word_embeddings.weight,
+            };
             let d_b = self.lm_head_bias.as_mut().map(|p| &mut p.grad);
             linear_backward(be, &s.head_in, &w.value, &s.logits, Some(&mut d_head), &mut w.grad, d_b)?;
         }
@@ -382,6 +430,7 @@ impl Model for T5Model {
             v.extend(l.params());
         }
         v.extend(self.decoder_final_layernorm.params());
+        v.extend(self.output_layer.iter());
         v.extend(self.lm_head_bias.iter());
         v
     }
@@ -398,6 +447,7 @@ impl Model for T5Model {
             v.extend(l.params_mut());
         }
         v.extend(self.decoder_final_layernorm.params_mut());
+        v.extend(self.output_layer.iter_mut());
         v.extend(self.lm_head_bias.iter_mut());
         v
     }

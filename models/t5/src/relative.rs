@@ -68,9 +68,10 @@ impl RelativeBias {
         Ok(RelativeBias { backend: b.backend.clone(), weight, bidirectional, num_buckets, max_distance })
     }
 
-    fn buckets(&self, tq: usize, tk: usize) -> Vec<usize> {
+    /// Buckets of queries `q0..q0 + tq` against keys `0..tk`.
+    fn buckets(&self, q0: usize, tq: usize, tk: usize) -> Vec<usize> {
         let mut v = Vec::with_capacity(tq * tk);
-        for i in 0..tq {
+        for i in q0..q0 + tq {
             for j in 0..tk {
                 v.push(relative_position_bucket(
                     j as i64 - i as i64,
@@ -85,9 +86,15 @@ impl RelativeBias {
 
     /// `bias (heads/tp, Tq, Tk)`: `bias[h, i, j] = table[bucket(j - i), h]`.
     pub fn forward(&self, tq: usize, tk: usize) -> Result<DeviceTensor> {
+        self.forward_rows(0, tq, tk)
+    }
+
+    /// The rows `q0..q0 + tq` of [`Self::forward`]'s bias: `(heads/tp, tq, tk)` (incremental
+    /// decoding asks for the newest query's row).
+    pub fn forward_rows(&self, q0: usize, tq: usize, tk: usize) -> Result<DeviceTensor> {
         let table = self.backend.to_host(&self.weight.value)?.to_f32_vec();
         let heads = self.weight.value.shape()[1];
-        let buckets = self.buckets(tq, tk);
+        let buckets = self.buckets(q0, tq, tk);
         let mut bias = vec![0.0f32; heads * tq * tk];
         for (h, plane) in bias.chunks_exact_mut(tq * tk).enumerate() {
             for (v, &bk) in plane.iter_mut().zip(&buckets) {
@@ -101,7 +108,7 @@ impl RelativeBias {
     pub fn backward(&mut self, d_bias: &DeviceTensor, tq: usize, tk: usize) -> Result<()> {
         let d = self.backend.to_host(d_bias)?.to_f32_vec();
         let heads = self.weight.value.shape()[1];
-        let buckets = self.buckets(tq, tk);
+        let buckets = self.buckets(0, tq, tk);
         let mut g = vec![0.0f32; self.num_buckets * heads];
         for (h, plane) in d.chunks_exact(tq * tk).enumerate() {
             for (&v, &bk) in plane.iter().zip(&buckets) {

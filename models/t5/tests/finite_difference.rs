@@ -47,6 +47,20 @@ fn hf_style_t5_gradients_match_finite_differences() {
     check(model(hf_style()), Mode::Eval, 1 + 2 + 12 + 1 + 10 + 1);
 }
 
+/// The untied head (`lm_head.output_layer.weight`, T5 v1.1), unscaled as in T5 v1.1. Init std
+/// 0.15 rather than 0.3: with unscaled attention scores the larger weights make the loss so
+/// curved that eps-1e-2 central differences of encoder layer 0 are off by 5-30% for most seeds
+/// (the tied HF-style check above passes at 0.3 for its seed only); at 0.15 the worst sample is
+/// below 3e-3 for seeds 5-8.
+#[test]
+fn untied_head_t5_gradients_match_finite_differences() {
+    let mut c = hf_style();
+    c.untie_embeddings_and_output_weights = true;
+    c.output_scale = None;
+    c.init_method_std = 0.15;
+    check(model(c), Mode::Eval, 1 + 2 + 12 + 1 + 10 + 1 + 1);
+}
+
 /// ReLU has kinks: a ±1e-2 weight step moves a few of the ~700 pre-activations across zero,
 /// and those samples' central differences are off by the kink. So here at least 90% of the
 /// samples must agree to 2e-2 (the smooth cases); the ReLU backward itself is checked

@@ -99,3 +99,65 @@ fn hf_t5_export_round_trips_bit_identically() {
         assert!(v.iter().zip(values).all(|(a, b)| a.to_bits() == b.to_bits()), "{name} differs");
     }
 }
+
+/// The cached decoding (encoder once, KV caches) gives transformers' greedy tokens too.
+#[test]
+fn hf_t5_cached_greedy_matches_transformers() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf_t5_tiny");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ints = |k: &str| exp[k].as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as i32).collect::<Vec<_>>();
+    let (enc, want) = (ints("input_ids"), ints("greedy"));
+    // Sequence lengths are not structural with relative positions: any will do.
+    let c = t5_config_from_hf(&cfg, 4, 4).unwrap();
+    let be: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let mut m = T5Model::new(c, be, ParallelContext::single()).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
+        let t = st.tensor(name).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        let v = t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        Ok((t.shape().to_vec(), v))
+    };
+    load_hf_t5(&mut m, &get).unwrap();
+    let got = megatron_t5::decode::greedy_cached(&mut m, &enc, 0, Some(1), 8).unwrap();
+    assert_eq!(got, want);
+}
+
+/// An untied head (`lm_head.weight`, T5 v1.1 checkpoints saved before transformers 5) exports
+/// under its own name and imports back into the same parameters, bit for bit. (transformers
+/// 5.x always ties T5's head, so there is no transformers oracle for this layout here.)
+#[test]
+fn hf_t5_untied_head_round_trips() {
+    let mut c = t5_config_from_hf(
+        &serde_json::json!({
+            "d_model": 16, "d_kv": 4, "d_ff": 24, "num_layers": 1, "num_heads": 4, "vocab_size": 30,
+            "relative_attention_num_buckets": 8, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": false
+        }),
+        5,
+        4,
+    )
+    .unwrap();
+    assert!(c.untie_embeddings_and_output_weights && c.output_scale.is_none());
+    c.init_method_std = 0.5;
+    let be: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let m = T5Model::new(c.clone(), be.clone(), ParallelContext::single()).unwrap();
+    let tensors = megatron_t5::hf::export_hf_t5(&m).unwrap();
+    let head = tensors.iter().find(|t| t.0 == "lm_head.weight").expect("lm_head.weight exported");
+    let shared = tensors.iter().find(|t| t.0 == "shared.weight").unwrap();
+    assert_ne!(head.2, shared.2);
+    c.seed += 1; // different initial weights, all overwritten by the import
+    let mut back = T5Model::new(c, be.clone(), ParallelContext::single()).unwrap();
+    let get = |name: &str| -> anyhow::Result<(Vec<usize>, Vec<f32>)> {
+        let t = tensors.iter().find(|t| t.0 == name).ok_or_else(|| anyhow::anyhow!("no {name}"))?;
+        Ok((t.1.clone(), t.2.clone()))
+    };
+    load_hf_t5(&mut back, &get).unwrap();
+    for (a, b) in m.params().iter().zip(back.params()) {
+        assert_eq!(a.name, b.name);
+        let (x, y) = (be.to_host(&a.value).unwrap().to_f32_vec(), be.to_host(&b.value).unwrap().to_f32_vec());
+        assert!(x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()), "{} differs", a.name);
+    }
+}
