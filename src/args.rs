@@ -250,6 +250,10 @@ pub struct PretrainArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub bert: crate::bert_args::BertArgs,
+    /// Llama-family flags added later: rope scaling, `--qk-layernorm` (src/llama_args.rs).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub llama: crate::llama_args::LlamaArgs,
 
     // ---- validation and logging (SPEC §11.9) --------------------------------------------
     #[arg(long, default_value_t = 1000)]

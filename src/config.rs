@@ -36,6 +36,9 @@ impl TrainConfig {
             a.tensor_model_parallel_size > 0 && a.pipeline_model_parallel_size > 0 && world_size > 0,
             "--tensor-model-parallel-size, --pipeline-model-parallel-size and --nproc must be >= 1".into(),
         );
+        if let Err(e) = a.llama.rope_scaling() {
+            need(false, e.to_string());
+        }
         need(a.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0".into());
         need(a.ddp_bucket_size != Some(0), "--ddp-bucket-size must be > 0".into());
         need(
@@ -314,6 +317,7 @@ impl TrainConfig {
             if a.add_qkv_bias {
                 m.insert("add_qkv_bias".into(), json!(true));
             }
+            a.llama.insert_into(m);
             // Mixed precision only when asked: other model plugins reject fields they do not know.
             if let Some(dtype) = self.params_dtype() {
                 m.insert("params_dtype".into(), json!(dtype));

@@ -26,6 +26,7 @@ pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod hf;
 pub mod hybrid_args;
+pub mod llama_args;
 pub mod moe_args;
 #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
 pub mod plan_cli;

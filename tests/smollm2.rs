@@ -185,3 +185,56 @@ fn smollm2_gguf_tokenizer_matches_transformers() {
     }
     println!("tokenizer: {} tiny Shakespeare ids and {} stress documents identical", ids.len(), docs.len());
 }
+
+/// Export of the imported SmolLM2 to Hugging Face Llama (fp32 safetensors, config.json, the
+/// tokenizer files) and import of that directory: every parameter bit-identical to the GGUF
+/// import, and the same last-position logits on the first reference prompt. (That the export
+/// loads in transformers with equal logits is `scripts/smollm2_export_roundtrip.sh`.) Needs
+/// the `huggingface` feature: the checkpoints record a `HuggingFaceTokenizer`.
+#[cfg(feature = "huggingface")]
+#[test]
+fn smollm2_exports_to_hf_llama_and_reimports_bit_identically() {
+    if gguf_path().is_none() {
+        return;
+    }
+    let registry = Registry::builtin().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    let args = ImportGgufArgs {
+        gguf: gguf_path().unwrap(),
+        save: ckpt.clone(),
+        make_vocab_size_divisible_by: 128,
+        seq_length: Some(2048),
+    };
+    megatron::hf::gguf::run(&args, &registry).unwrap();
+    let out = tmp.path().join("hf");
+    let load = LoadArgs { load: ckpt.clone(), backend: "cpu".into(), ..Default::default() };
+    let export =
+        megatron::hf::export::ExportHfArgs { load: load.clone(), out: out.clone(), dtype: Some("fp32".into()) };
+    megatron::hf::export::run(&export, &registry).unwrap();
+    let cfg: Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["architectures"][0], "LlamaForCausalLM");
+    assert_eq!((cfg["num_key_value_heads"].as_u64(), cfg["tie_word_embeddings"].as_bool()), (Some(3), Some(true)));
+    assert!(out.join("tokenizer.json").is_file(), "tokenizer.json travels with the export");
+
+    let ckpt2 = tmp.path().join("ckpt2");
+    let import =
+        megatron::hf::import::ImportHfArgs { hf_dir: out, save: ckpt2.clone(), make_vocab_size_divisible_by: 128 };
+    megatron::hf::import::run(&import, &registry).unwrap();
+    let mut a = load_model(&registry, &load).unwrap().model;
+    let mut b =
+        load_model(&registry, &LoadArgs { load: ckpt2, backend: "cpu".into(), ..Default::default() }).unwrap().model;
+    let (pa, pb) = (a.params(), b.params());
+    assert_eq!(pa.len(), pb.len());
+    let backend = a.backend();
+    for (x, y) in pa.iter().zip(&pb) {
+        assert_eq!((&x.name, x.value.shape()), (&y.name, y.value.shape()));
+        let (hx, hy) =
+            (backend.to_host(&x.value).unwrap().to_f32_vec(), backend.to_host(&y.value).unwrap().to_f32_vec());
+        assert!(hx.iter().zip(&hy).all(|(p, q)| p.to_bits() == q.to_bits()), "{} differs after the round trip", x.name);
+    }
+    let ids = ints(&reference()["prompts"][0]["ids"]);
+    let t = ids.len();
+    let (la, lb) = (a.logits(&ids, 1, t).unwrap(), b.logits(&ids, 1, t).unwrap());
+    assert_eq!(backend.to_host(&la).unwrap(), backend.to_host(&lb).unwrap());
+}

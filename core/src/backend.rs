@@ -490,4 +490,31 @@ pub trait Backend: Send + Sync {
             self.name()
         )
     }
+    // ---- rotary with rescaled frequencies (Llama-3.1 / linear context extension) ------------
+    /// [`Backend::rotary`] with the frequencies `scaling.inv_freq(spec.base, spec.rotary_dim)`
+    /// (see [`crate::rope_scaling`]). `RopeScaling::None` is exactly [`Backend::rotary`]; the
+    /// default of a scaled rotation goes through the host ([`crate::rope_scaling::rotary_host`],
+    /// exact, a copy) and keeps the tensor's dtype; backends override it.
+    fn rotary_scaled(
+        &self,
+        qkv: &mut DeviceTensor,
+        spec: RotarySpec,
+        scaling: crate::RopeScaling,
+        inverse: bool,
+    ) -> Result<()> {
+        if scaling.is_none() {
+            return self.rotary(qkv, spec, inverse);
+        }
+        let dtype = qkv.dtype();
+        let mut x = self.to_host(qkv)?.to_f32_vec();
+        crate::rope_scaling::rotary_host(&mut x, &spec, &scaling.inv_freq(spec.base, spec.rotary_dim), inverse)?;
+        let shape = qkv.shape().to_vec();
+        let f32_tensor = self.from_host(HostBuffer::F32(x), &shape)?;
+        if dtype == crate::DType::F32 {
+            *qkv = f32_tensor;
+            Ok(())
+        } else {
+            self.cast(&f32_tensor, qkv)
+        }
+    }
 }

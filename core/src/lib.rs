@@ -25,6 +25,7 @@ pub mod parallel;
 pub mod plugin_export;
 pub mod plugin_loader;
 pub mod registry;
+pub mod rope_scaling;
 pub mod schedule;
 pub mod tensor;
 
@@ -42,6 +43,7 @@ pub use optim::{LrSchedule, Optimizer, OptimizerState};
 pub use padded_attention::PaddedAttentionSpec;
 pub use parallel::{GradSync, ParallelContext, ParallelStrategy, RankGrid};
 pub use registry::{Factory, Plugin, PluginCrate, PluginKind, Registry};
+pub use rope_scaling::RopeScaling;
 pub use schedule::Schedule;
 pub use tensor::{DeviceStorage, DeviceTensor, HostBuffer, Storage};
 

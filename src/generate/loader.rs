@@ -104,6 +104,9 @@ pub fn gpt_config_from_args(args: &Value, vocab_size: usize, padded: usize, dir:
         c.rotary_percent = v as f32;
     }
     c.rotary_interleaved = args["rotary_interleaved"].as_bool().unwrap_or(false);
+    c.rope_scaling = crate::llama_args::rope_scaling_from_stored_args(args)
+        .with_context(|| format!("checkpoint {}", dir.display()))?;
+    c.qk_layernorm = args["qk_layernorm"].as_bool().unwrap_or(false);
     if args["group_query_attention"].as_bool() == Some(true) {
         c.num_query_groups = args["num_query_groups"].as_u64().map(|v| v as usize);
     }

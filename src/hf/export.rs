@@ -112,14 +112,21 @@ pub fn safetensors_bytes_as(tensors: &[HfTensor], dtype: DType) -> Result<Vec<u8
     serialize(views, &Some(meta)).map_err(|e| anyhow::anyhow!("serialising model.safetensors: {e:?}"))
 }
 
-/// The HF `config.json` of a Llama-shaped `model` (Qwen2 when it has a qkv bias).
+/// The HF `config.json` of a Llama-shaped `model` (Qwen2 when it has a qkv bias, Qwen3 with
+/// q/k layernorms).
 pub fn hf_llama_config(model: &GptModel, bos: Option<u32>, eos: i32) -> serde_json::Value {
     let c = model.config();
     let tc = c.transformer_config();
     let qwen = c.add_qkv_bias;
+    // --qk-layernorm (per-head RMSNorms of q and k) is Qwen3's layout.
+    let (arch, ty) = match (c.qk_layernorm, qwen) {
+        (true, _) => ("Qwen3ForCausalLM", "qwen3"),
+        (false, true) => ("Qwen2ForCausalLM", "qwen2"),
+        (false, false) => ("LlamaForCausalLM", "llama"),
+    };
     json!({
-        "architectures": [if qwen { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
-        "model_type": if qwen { "qwen2" } else { "llama" },
+        "architectures": [arch],
+        "model_type": ty,
         "hidden_act": "silu",
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
@@ -131,6 +138,7 @@ pub fn hf_llama_config(model: &GptModel, bos: Option<u32>, eos: i32) -> serde_js
         "max_position_embeddings": c.max_position_embeddings,
         "rms_norm_eps": c.layernorm_epsilon,
         "rope_theta": c.rotary_base,
+        "rope_scaling": megatron_gpt::hf_rope::rope_scaling_to_hf(&c.rope_scaling),
         "partial_rotary_factor": c.rotary_percent,
         "attention_bias": false,
         "mlp_bias": false,

@@ -240,6 +240,8 @@ pub fn llama_args_json(c: &GptConfig, tokenizer_model: Option<&Path>, from: &str
         "rotary_base": c.rotary_base,
         "rotary_percent": c.rotary_percent,
         "rotary_interleaved": false,
+        "rope_scaling": c.rope_scaling,
+        "qk_layernorm": c.qk_layernorm,
         "swiglu": true,
         "disable_bias_linear": true,
         "add_qkv_bias": c.add_qkv_bias,

@@ -1,5 +1,6 @@
-//! `megatron import hf` for `LlamaForCausalLM`, `MistralForCausalLM` and `Qwen2ForCausalLM`
-//! directories: `config.json` → GPT config (GQA, head size, rope theta, tied or untied head),
+//! `megatron import hf` for `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` and
+//! `Qwen3ForCausalLM` directories: `config.json` → GPT config (GQA, head size, rope theta and
+//! scaling, q/k norms, tied or untied head),
 //! `model.safetensors` or sharded `model-0000x-of-0000n.safetensors` with
 //! `model.safetensors.index.json` (bf16/fp16/fp32), and `tokenizer.json` +
 //! `tokenizer_config.json` copied into the checkpoint. The tensor name map is
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 /// Whether an HF `config.json` describes a Llama-family model.
 pub fn is_llama_family(cfg: &Value) -> bool {
-    matches!(cfg["model_type"].as_str(), Some("llama" | "mistral" | "qwen2"))
+    matches!(cfg["model_type"].as_str(), Some("llama" | "mistral" | "qwen2" | "qwen3"))
 }
 
 fn field(cfg: &Value, key: &str, path: &Path) -> Result<usize> {
@@ -31,9 +32,7 @@ pub fn gpt_config_from_hf_llama(cfg: &Value, path: &Path, divisible_by: usize) -
     if let Some(act) = cfg["hidden_act"].as_str().filter(|a| *a != "silu") {
         bail!("{}: hidden_act `{act}` is not the SiLU that SwiGLU uses", path.display());
     }
-    if !cfg["rope_scaling"].is_null() {
-        bail!("{}: rope_scaling {} is not supported yet (plain rotary only)", path.display(), cfg["rope_scaling"]);
-    }
+    let (rope_theta, rope_scaling) = megatron_gpt::hf_rope::rope_from_hf_config(cfg, &path.display().to_string())?;
     if cfg["attention_bias"].as_bool() == Some(true) || cfg["mlp_bias"].as_bool() == Some(true) {
         bail!("{}: attention_bias/mlp_bias are not supported (only Qwen2's qkv bias)", path.display());
     }
@@ -49,7 +48,10 @@ pub fn gpt_config_from_hf_llama(cfg: &Value, path: &Path, divisible_by: usize) -
     c.add_bias_linear = false;
     c.add_qkv_bias = ty == "qwen2";
     c.position_embedding_type = "rope".into();
-    c.rotary_base = cfg["rope_theta"].as_f64().unwrap_or(10000.0) as f32;
+    c.rotary_base = rope_theta;
+    c.rope_scaling = rope_scaling;
+    // Qwen3: RMSNorm of every head's q and k before the rotation (Megatron's --qk-layernorm).
+    c.qk_layernorm = ty == "qwen3";
     c.rotary_percent = cfg["partial_rotary_factor"].as_f64().unwrap_or(1.0) as f32;
     let kv = cfg["num_key_value_heads"].as_u64().map_or(heads, |v| v as usize);
     if kv != heads {

@@ -465,4 +465,18 @@ impl Backend for CpuBackend {
             o.finish()
         })
     }
+
+    fn rotary_scaled(
+        &self,
+        qkv: &mut DeviceTensor,
+        spec: RotarySpec,
+        scaling: megatron_core::RopeScaling,
+        inverse: bool,
+    ) -> Result<()> {
+        self.run(|| {
+            let mut o = Out::new(qkv, true)?;
+            rotary::rotary_scaled(o.t(), spec, scaling, inverse)?;
+            o.finish()
+        })
+    }
 }

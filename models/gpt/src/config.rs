@@ -2,7 +2,7 @@
 //! snake_case), its validation, vocabulary padding (SPEC §3.2) and FLOPs (SPEC §6.13).
 
 use anyhow::{bail, Result};
-use megatron_core::DType;
+use megatron_core::{DType, RopeScaling};
 use megatron_transformer::{NormKind, Precision, RotaryConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -94,6 +94,13 @@ pub struct GptConfig {
     /// `--rotary-interleaved`.
     #[serde(default, skip_serializing_if = "is_false")]
     pub rotary_interleaved: bool,
+    /// Rescaled rotary frequencies: Llama-3.1's (`--use-rope-scaling --rope-scaling-factor`)
+    /// or linear position interpolation (`--rotary-seq-len-interpolation-factor`).
+    #[serde(default, skip_serializing_if = "RopeScaling::is_none")]
+    pub rope_scaling: RopeScaling,
+    /// `--qk-layernorm`: a `normalization` norm over `head_dim` of every query and key.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub qk_layernorm: bool,
     /// `--num-query-groups` (with `--group-query-attention`); `None` is multi-head attention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_query_groups: Option<usize>,
@@ -161,6 +168,8 @@ impl GptConfig {
             rotary_base: default_rotary_base(),
             rotary_percent: 1.0,
             rotary_interleaved: false,
+            rope_scaling: RopeScaling::None,
+            qk_layernorm: false,
             num_query_groups: None,
             kv_channels: None,
             add_qkv_bias: false,
@@ -228,6 +237,10 @@ impl GptConfig {
         if self.init_method_std.is_nan() || self.init_method_std <= 0.0 {
             bail!("init_method_std must be > 0, got {}", self.init_method_std);
         }
+        if !self.rope_scaling.is_none() && !self.uses_rope() {
+            bail!("rope scaling (--use-rope-scaling / --rotary-seq-len-interpolation-factor) needs --position-embedding-type rope");
+        }
+        self.rope_scaling.validate()?;
         self.precision()?;
         Ok(())
     }
@@ -260,7 +273,9 @@ impl GptConfig {
                 base: self.rotary_base,
                 percent: self.rotary_percent,
                 interleaved: self.rotary_interleaved,
+                scaling: self.rope_scaling,
             }),
+            qk_layernorm: self.qk_layernorm.then_some(self.normalization),
         }
     }
 

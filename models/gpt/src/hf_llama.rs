@@ -1,5 +1,6 @@
 //! Hugging Face `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` ⇄ our GPT
-//! parameters (SPEC §7.7). The three share one tensor layout; Qwen2 adds q/k/v biases.
+//! parameters (SPEC §7.7). The three share one tensor layout; Qwen2 adds q/k/v biases, Qwen3
+//! (`Qwen3ForCausalLM`) per-head q/k RMSNorms (our `--qk-layernorm`).
 //!
 //! HF keeps separate `q_proj [np·hn, h]`, `k_proj`/`v_proj [ng·hn, h]`; our fused
 //! `linear_qkv` rows are Megatron's `[ng, np/ng + 2, hn]` (per group its query heads, then its
@@ -30,6 +31,17 @@ pub enum LlamaEntry {
 
 /// `(our name, entry)` for every parameter of a Llama-style GPT.
 pub fn hf_llama_entries(num_layers: usize, untied: bool, qkv_bias: bool) -> Vec<(String, LlamaEntry)> {
+    hf_llama_entries_with(num_layers, untied, qkv_bias, false)
+}
+
+/// [`hf_llama_entries`], with Qwen3's per-head `q_norm`/`k_norm` (our `--qk-layernorm`
+/// RMSNorms `q_layernorm`/`k_layernorm`) when `qk_norm`.
+pub fn hf_llama_entries_with(
+    num_layers: usize,
+    untied: bool,
+    qkv_bias: bool,
+    qk_norm: bool,
+) -> Vec<(String, LlamaEntry)> {
     let one = |hf: String| LlamaEntry::One { hf, pad_rows: false };
     let mut v = vec![(
         "embedding.word_embeddings.weight".to_string(),
@@ -48,6 +60,10 @@ pub fn hf_llama_entries(num_layers: usize, untied: bool, qkv_bias: bool) -> Vec<
             v.push((format!("{o}.self_attention.linear_qkv.bias"), qkv("bias")));
         }
         v.push((format!("{o}.self_attention.linear_proj.weight"), one(format!("{h}.self_attn.o_proj.weight"))));
+        if qk_norm {
+            v.push((format!("{o}.self_attention.q_layernorm.weight"), one(format!("{h}.self_attn.q_norm.weight"))));
+            v.push((format!("{o}.self_attention.k_layernorm.weight"), one(format!("{h}.self_attn.k_norm.weight"))));
+        }
         v.push((format!("{o}.pre_mlp_layernorm.weight"), one(format!("{h}.post_attention_layernorm.weight"))));
         v.push((
             format!("{o}.mlp.linear_fc1.weight"),
@@ -98,6 +114,9 @@ fn check_llama_compatible(model: &GptModel) -> Result<()> {
              --position-embedding-type rope (not interleaved)"
         );
     }
+    if c.qk_layernorm && c.add_qkv_bias {
+        bail!("--qk-layernorm with --add-qkv-bias has no HF layout (Qwen3 has q/k norms, Qwen2 the qkv bias)");
+    }
     Ok(())
 }
 
@@ -119,7 +138,7 @@ pub fn load_hf_llama(model: &mut GptModel, get: &mut dyn FnMut(&str) -> Result<D
     let f = c.ffn_hidden_size();
     let untied = c.untie_embeddings_and_output_weights;
     let backend = model.backend();
-    for (ours, entry) in hf_llama_entries(c.num_layers, untied, c.add_qkv_bias) {
+    for (ours, entry) in hf_llama_entries_with(c.num_layers, untied, c.add_qkv_bias, c.qk_layernorm) {
         let mut fetch = |name: &str, want: Vec<usize>| -> Result<Vec<f32>> {
             let (d, shape) = get(name)?;
             if shape != want {
@@ -171,7 +190,8 @@ pub fn export_hf_llama(model: &GptModel) -> Result<Vec<crate::HfTensor>> {
     let (np, ng, hn, h) = (c.num_attention_heads, tc.query_groups(), tc.head_dim(), c.hidden_size);
     let backend = model.backend();
     let mut out = Vec::new();
-    for (ours, entry) in hf_llama_entries(c.num_layers, c.untie_embeddings_and_output_weights, c.add_qkv_bias) {
+    let untied = c.untie_embeddings_and_output_weights;
+    for (ours, entry) in hf_llama_entries_with(c.num_layers, untied, c.add_qkv_bias, c.qk_layernorm) {
         let p = model.param(&ours).with_context(|| format!("model has no parameter `{ours}`"))?;
         if p.layout.tp_size != 1 && p.layout.tp_axis.is_some() {
             bail!("export to HF Llama needs tensor-parallel size 1 (parameter `{ours}` is sharded)");

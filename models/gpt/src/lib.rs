@@ -5,13 +5,15 @@
 //! GPT-2 style by default: learned absolute positions, pre-LayerNorm, GeLU (tanh), biases,
 //! embedding dropout, and the output layer tied to the word embedding. Llama style with
 //! options: rotary positions, grouped-query attention, RMSNorm, SwiGLU, no biases (or only a
-//! qkv bias), untied output layer (`hf_llama` maps HF Llama/Mistral/Qwen2 weights).
+//! qkv bias), untied output layer, q/k layernorms, rescaled rotary frequencies (`hf_llama` maps HF
+//! Llama/Mistral/Qwen2/Qwen3 weights, `hf_rope` their rotary settings).
 
 mod activation_stash;
 pub mod config;
 mod context_parallel;
 pub mod hf_gpt2;
 pub mod hf_llama;
+pub mod hf_rope;
 pub mod inference;
 pub mod model;
 pub mod param_shapes;

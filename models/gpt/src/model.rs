@@ -336,6 +336,9 @@ impl Model for GptModel {
         // then the tied embedding (step 3), then the MLP plugins' own reductions.
         if self.sequence_parallel() {
             all_reduce_sequence_parallel_grads(&self.ctx, self.decoder.params_mut())?;
+        } else if self.config.qk_layernorm {
+            // --qk-layernorm: each TP rank saw only its heads (SP above already covers them).
+            megatron_transformer::qk_norm::all_reduce_qk_norm_grads(&self.ctx, self.decoder.params_mut())?;
         }
         self.all_reduce_shared_embedding_grad()?;
         self.decoder.layers.iter_mut().try_for_each(|l| l.mlp.finalize_grads())

@@ -49,6 +49,14 @@ pub fn gpt_param_shapes(config: &GptConfig, padded_vocab: usize) -> Vec<(String,
             out.push((format!("{p}.self_attention.linear_qkv.bias"), vec![qkv]));
         }
         linear(&mut out, &format!("{p}.self_attention.linear_proj"), h, kv.saturating_mul(np));
+        if config.qk_layernorm {
+            for which in ["q_layernorm", "k_layernorm"] {
+                out.push((format!("{p}.self_attention.{which}.weight"), vec![kv]));
+                if config.normalization == NormKind::LayerNorm {
+                    out.push((format!("{p}.self_attention.{which}.bias"), vec![kv]));
+                }
+            }
+        }
         norm(&mut out, &format!("{p}.pre_mlp_layernorm"));
         linear(&mut out, &format!("{p}.mlp.linear_fc1"), f.saturating_mul(gates), h);
         linear(&mut out, &format!("{p}.mlp.linear_fc2"), h, f);
@@ -81,6 +89,11 @@ pub fn gpt_param_count(config: &GptConfig, padded_vocab: usize) -> usize {
         mul(mul(f, gates), b),
         mul(h, f),
         mul(h, b),
+        // --qk-layernorm: two norms over head_dim (weight, and bias for LayerNorm).
+        mul(
+            usize::from(config.qk_layernorm),
+            mul(2 * hn, if config.normalization == NormKind::LayerNorm { 2 } else { 1 }),
+        ),
     ]
     .iter()
     .fold(0usize, |a, &x| a.saturating_add(x));
@@ -101,7 +114,7 @@ mod tests {
     #[test]
     fn shapes_match_a_built_model() {
         let backend: std::sync::Arc<dyn megatron_core::Backend> = std::sync::Arc::new(megatron_cpu::CpuBackend::new());
-        for variant in 0..6 {
+        for variant in 0..8 {
             let mut c = GptConfig::new(3, 16, 4, 8, 50);
             c.ffn_hidden_size = Some(24);
             match variant {
@@ -113,6 +126,12 @@ mod tests {
                     c.max_position_embeddings = 12;
                 }
                 5 => c.num_query_groups = Some(2),
+                6 => c.qk_layernorm = true,
+                7 => {
+                    c.qk_layernorm = true;
+                    c.normalization = NormKind::RMSNorm;
+                    c.num_query_groups = Some(2);
+                }
                 _ => {}
             }
             let model = GptModel::new(c.clone(), backend.clone(), ParallelContext::single()).unwrap();

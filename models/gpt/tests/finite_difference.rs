@@ -58,3 +58,21 @@ fn llama_style_gpt_gradients_match_finite_differences() {
     // word embedding + 2 x (2 norms, qkv weight+bias, proj, fc1, fc2) + final norm + output.
     check(model, &batch(2, seq, vocab, 5), 17);
 }
+
+/// `--qk-layernorm` (RMSNorm of every head's q and k, GQA keys normalized per head) with
+/// Llama-3.1 rope scaling whose bands fall inside the 8 positions.
+#[test]
+fn qk_layernorm_and_rope_scaling_gradients_match_finite_differences() {
+    let (vocab, seq) = (64, 8);
+    let mut c = tiny_llama_config(vocab, seq);
+    c.qk_layernorm = true;
+    c.rope_scaling = megatron_core::RopeScaling::Llama3 {
+        factor: 4.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 16,
+    };
+    let model = tiny_model(c);
+    // word embedding + 2 x (2 norms, qkv, proj, q/k norms, fc1, fc2) + final norm + output.
+    check(model, &batch(2, seq, vocab, 6), 19);
+}

@@ -250,6 +250,15 @@ fn llama_style_pp2_and_tp2_pp2_match_single_stage() {
 }
 
 #[test]
+fn qk_layernorm_rope_scaling_tp2_pp2_matches_single_stage() {
+    let mut c = tiny_llama_config(64, 8);
+    c.num_layers = 4;
+    c.qk_layernorm = true;
+    c.rope_scaling = megatron_core::RopeScaling::Linear { factor: 2.0 };
+    check_pipeline_matches_single_stage(&c, 2, 2, 2);
+}
+
+#[test]
 fn tp2_pp2_matches_single_stage() {
     let mut c = tiny_config(64, 8);
     c.num_layers = 4;

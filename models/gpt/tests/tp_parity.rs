@@ -171,6 +171,25 @@ fn tp2_matches_tp1_llama_rope_gqa_no_bias() {
     check_tp2_matches_tp1(c);
 }
 
+/// `--qk-layernorm` (q/k norm weights replicated over TP, their partial gradients summed in
+/// `finalize_grads`, once: not again under sequence parallelism) with Llama-3.1 rope scaling.
+#[test]
+fn tp2_matches_tp1_qk_layernorm_rope_scaling() {
+    let mut c = tiny_llama_config(64, 8);
+    c.qk_layernorm = true;
+    c.rope_scaling = megatron_core::RopeScaling::Llama3 {
+        factor: 4.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 16,
+    };
+    check_tp2_matches_tp1(c.clone());
+    c.sequence_parallel = true;
+    c.normalization = megatron_transformer::NormKind::LayerNorm;
+    c.rope_scaling = megatron_core::RopeScaling::Linear { factor: 3.0 };
+    check_tp2_matches_tp1(c);
+}
+
 /// `--sequence-parallel` (SPEC §5.3): token-sharded norms and residuals, all-gather /
 /// reduce-scatter around the TP regions, the lm-head input gathered, the norm and row-parallel
 /// bias gradients summed over TP in `finalize_grads`: loss and every gradient equal tp = 1.

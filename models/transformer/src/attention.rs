@@ -10,11 +10,13 @@
 //!
 //! Rotary embeddings (`--position-embedding-type rope`) rotate q and k of the per-head tensor
 //! in place after the relayout; the backward applies the inverse rotation (the transpose) to
-//! the q/k gradients before the relayout's backward.
+//! the q/k gradients before the relayout's backward. `--qk-layernorm` normalizes every head's
+//! q and k before the rotation ([`crate::qk_norm`]).
 
-use crate::context_parallel::{ring_attention_backward, ring_attention_forward, rotary_context_parallel};
+use crate::context_parallel::{ring_attention_backward, ring_attention_forward, rotary_context_parallel_scaled};
 use crate::init::ModuleBuilder;
 use crate::linear::{LinearConfig, LinearLayer};
+use crate::qk_norm::QkNorm;
 use crate::spec::{RotaryConfig, SelfAttentionSpec, SpecProvider, TransformerConfig};
 use crate::step::{empty, ensure_buffer, ensure_shape, DropoutSite, ModuleScratch, StepInfo};
 use anyhow::Result;
@@ -29,6 +31,8 @@ pub struct SelfAttention {
     groups_local: usize,
     head_dim: usize,
     rotary: Option<RotaryConfig>,
+    /// `--qk-layernorm`: per-head norms of q and k before the rotation.
+    pub qk_norm: Option<QkNorm>,
     causal: bool,
     attention_dropout: f32,
     layer: usize,
@@ -81,6 +85,10 @@ impl SelfAttention {
             groups_local: ng / b.tp_size(),
             head_dim: hn,
             rotary: cfg.rotary,
+            qk_norm: match cfg.qk_layernorm {
+                Some(kind) => Some(QkNorm::new(b, provider, prefix, kind, hn, cfg.layernorm_epsilon)?),
+                None => None,
+            },
             causal: spec.causal,
             attention_dropout: cfg.attention_dropout,
             layer,
@@ -120,6 +128,11 @@ impl SelfAttention {
         })
     }
 
+    /// The rotary frequency scaling (`RopeScaling::None` without rotary or scaling).
+    fn rope_scaling(&self) -> megatron_core::RopeScaling {
+        self.rotary.map(|r| r.scaling).unwrap_or_default()
+    }
+
     fn spec(&self, step: &StepInfo) -> AttentionSpec {
         AttentionSpec {
             batch: step.batch,
@@ -148,10 +161,14 @@ impl SelfAttention {
         } else {
             self.linear_qkv.forward(x, &mut self.qkv)?;
         }
+        if let Some(norm) = &mut self.qk_norm {
+            norm.forward(bk, &mut self.qkv, hn)?;
+        }
         if let Some(spec) = self.rotary_spec(b, t, offset) {
+            let scaling = self.rope_scaling();
             match &self.context_parallel {
-                Some(ctx) => rotary_context_parallel(bk, ctx, &mut self.qkv, spec, false)?,
-                None => bk.rotary(&mut self.qkv, spec, false)?,
+                Some(ctx) => rotary_context_parallel_scaled(bk, ctx, &mut self.qkv, spec, scaling, false)?,
+                None => bk.rotary_scaled(&mut self.qkv, spec, scaling, false)?,
             }
         }
         Ok(())
@@ -206,10 +223,14 @@ impl SelfAttention {
         }
         if let Some(rs) = self.rotary_spec(step.batch, step.seq, 0) {
             // The rotation is orthogonal: its backward is the inverse rotation.
+            let scaling = self.rope_scaling();
             match &self.context_parallel {
-                Some(ctx) => rotary_context_parallel(backend, ctx, d_heads, rs, true)?,
-                None => backend.rotary(d_heads, rs, true)?,
+                Some(ctx) => rotary_context_parallel_scaled(backend, ctx, d_heads, rs, scaling, true)?,
+                None => backend.rotary_scaled(d_heads, rs, scaling, true)?,
             }
+        }
+        if let Some(norm) = &mut self.qk_norm {
+            norm.backward(backend, d_heads, self.head_dim)?;
         }
         if gqa {
             let (np, ng, hn) = (self.heads_local, self.groups_local, self.head_dim);
@@ -223,6 +244,9 @@ impl SelfAttention {
     /// forward (and whatever the linears keep), see [`crate::step::SavedActivations`].
     pub fn saved_activations_mut(&mut self) -> Vec<&mut DeviceTensor> {
         let mut v = vec![&mut self.qkv, &mut self.context, &mut self.lse];
+        if let Some(norm) = &mut self.qk_norm {
+            v.extend(norm.saved_activations_mut());
+        }
         v.extend(self.linear_qkv.saved_activations_mut());
         v.extend(self.linear_proj.saved_activations_mut());
         v
@@ -310,11 +334,13 @@ impl SelfAttention {
     }
 
     pub fn params(&self) -> Vec<&Param> {
-        self.linear_qkv.params().into_iter().chain(self.linear_proj.params()).collect()
+        let norms = self.qk_norm.iter().flat_map(|n| n.params());
+        self.linear_qkv.params().into_iter().chain(self.linear_proj.params()).chain(norms).collect()
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.linear_qkv.params_mut().into_iter().chain(self.linear_proj.params_mut()).collect()
+        let norms = self.qk_norm.iter_mut().flat_map(|n| n.params_mut());
+        self.linear_qkv.params_mut().into_iter().chain(self.linear_proj.params_mut()).chain(norms).collect()
     }
 }
 

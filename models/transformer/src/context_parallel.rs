@@ -320,6 +320,18 @@ pub fn rotary_context_parallel(
     spec: RotarySpec,
     inverse: bool,
 ) -> Result<()> {
+    rotary_context_parallel_scaled(bk, ctx, qkv, spec, megatron_core::RopeScaling::None, inverse)
+}
+
+/// [`rotary_context_parallel`] with rescaled frequencies (`Backend::rotary_scaled`).
+pub fn rotary_context_parallel_scaled(
+    bk: &dyn Backend,
+    ctx: &ParallelContext,
+    qkv: &mut DeviceTensor,
+    spec: RotarySpec,
+    scaling: megatron_core::RopeScaling,
+    inverse: bool,
+) -> Result<()> {
     let (cp, rank, tl) = (ctx.cp_group.size(), ctx.cp_rank, spec.seq);
     let chunk = tl / 2;
     let width = qkv.numel() / (spec.batch * tl).max(1);
@@ -330,7 +342,12 @@ pub fn rotary_context_parallel(
             let block = &mut host[start..start + chunk * width];
             let mut t = bk.from_host(HostBuffer::F32(block.to_vec()), &[1, chunk, width])?;
             let offset = global_position(c * chunk, tl, cp, rank);
-            bk.rotary(&mut t, RotarySpec { batch: 1, seq: chunk, position_offset: offset, ..spec }, inverse)?;
+            bk.rotary_scaled(
+                &mut t,
+                RotarySpec { batch: 1, seq: chunk, position_offset: offset, ..spec },
+                scaling,
+                inverse,
+            )?;
             block.copy_from_slice(&bk.to_host(&t)?.to_f32_vec());
         }
     }

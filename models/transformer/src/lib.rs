@@ -22,6 +22,7 @@ pub mod mlp;
 pub mod mlp_slot;
 pub mod norm;
 pub mod precision;
+pub mod qk_norm;
 pub mod sequence_parallel;
 pub mod spec;
 pub mod step;

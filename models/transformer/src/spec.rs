@@ -20,6 +20,8 @@ pub struct RotaryConfig {
     pub percent: f32,
     /// `--rotary-interleaved`: rotate adjacent pairs instead of the two halves.
     pub interleaved: bool,
+    /// Rescaled frequencies (`--use-rope-scaling`, `--rotary-seq-len-interpolation-factor`).
+    pub scaling: megatron_core::RopeScaling,
 }
 
 /// Sizes and hyper-parameters shared by every layer (Megatron's `TransformerConfig`).
@@ -42,6 +44,8 @@ pub struct TransformerConfig {
     pub kv_channels: Option<usize>,
     /// Rotary embedding applied inside every attention (`None`: positions come from elsewhere).
     pub rotary: Option<RotaryConfig>,
+    /// `--qk-layernorm`: this norm over `head_dim` of every query and key (`None`: off).
+    pub qk_layernorm: Option<NormKind>,
 }
 
 impl TransformerConfig {
@@ -84,6 +88,7 @@ impl TransformerConfig {
             if !(r.base > 0.0 && r.base.is_finite()) {
                 bail!("--rotary-base must be > 0, got {}", r.base);
             }
+            r.scaling.validate()?;
         }
         if c.kv_channels == Some(0) {
             bail!("--kv-channels must be >= 1");

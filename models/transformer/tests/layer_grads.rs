@@ -37,7 +37,7 @@ fn llama_layer(b: &ModuleBuilder, dropout: f32, interleaved: bool) -> Transforme
         num_attention_heads: 4,
         num_query_groups: Some(2),
         kv_channels: Some(6),
-        rotary: Some(RotaryConfig { base: 100.0, percent: 2.0 / 3.0, interleaved }),
+        rotary: Some(RotaryConfig { base: 100.0, percent: 2.0 / 3.0, interleaved, scaling: Default::default() }),
         ..config(dropout)
     };
     cfg.validate(1).unwrap();
@@ -123,6 +123,49 @@ fn swiglu_rmsnorm_layer_backward_matches_finite_differences() {
 fn llama_layer_with_rope_gqa_and_qkv_bias_matches_finite_differences() {
     check_built_layer(llama_layer(&builder(42), 0.0, false), "llama, rope halves");
     check_built_layer(llama_layer(&builder(43), 0.2, true), "llama, rope interleaved, dropout");
+}
+
+/// `--qk-layernorm` (LayerNorm with bias, and RMSNorm) of the GQA layer's q and k before a
+/// rotation with Llama-3.1 scaled frequencies (original context 32: the three wavelengths 6.3, 29
+/// and 136 fall in the kept, smoothed and divided bands).
+#[test]
+fn qk_layernorm_layer_with_scaled_rope_matches_finite_differences() {
+    for (seed, kind) in [(44, NormKind::LayerNorm), (45, NormKind::RMSNorm)] {
+        let b = builder(seed);
+        let cfg = TransformerConfig {
+            num_attention_heads: 4,
+            num_query_groups: Some(2),
+            kv_channels: Some(6),
+            rotary: Some(RotaryConfig {
+                base: 100.0,
+                percent: 1.0,
+                interleaved: false,
+                scaling: megatron_core::RopeScaling::Llama3 {
+                    factor: 4.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_position_embeddings: 32,
+                },
+            }),
+            qk_layernorm: Some(kind),
+            ..config(0.0)
+        };
+        cfg.validate(1).unwrap();
+        let spec = gpt_layer_local_spec(NormKind::RMSNorm, true, false);
+        let mut l = TransformerLayer::new(&b, &LocalSpecProvider, "decoder.layers.1", &cfg, &spec, 1).unwrap();
+        // Non-trivial norm weights (they start at ones).
+        let bk = backend();
+        for p in l.params_mut() {
+            if p.name.contains("q_layernorm.weight") || p.name.contains("k_layernorm.weight") {
+                let n = p.value.numel();
+                let w: Vec<f32> = random_vec(n, n as u64 + 3, 0.5).iter().map(|v| 1.0 + v).collect();
+                p.value = tensor(bk.as_ref(), w, &[n]);
+            }
+        }
+        let names: Vec<String> = l.params().iter().map(|p| p.name.clone()).collect();
+        assert!(names.contains(&"decoder.layers.1.self_attention.k_layernorm.weight".to_string()), "{names:?}");
+        check_built_layer(l, &format!("qk {kind:?}, scaled rope"));
+    }
 }
 
 #[test]
