@@ -64,6 +64,16 @@ pub struct ParamLayout {
     /// by expert-data-parallel rank 0.
     #[serde(default)]
     pub expert_parallel: bool,
+    /// The tensor is `tp_chunks` equal blocks stacked along `tp_axis`, each split over the TP
+    /// ranks on its own (SwiGLU's `linear_fc1` is [gate; up]: a rank holds [gate_r; up_r]).
+    /// 1 for a plain split. Checkpoints store each block's slice at its place in the global
+    /// tensor, so the stored tensor is the same at every TP size ([`ParamLayout::shard_boxes`]).
+    #[serde(default = "one_chunk")]
+    pub tp_chunks: usize,
+}
+
+fn one_chunk() -> usize {
+    1
 }
 
 impl ParamLayout {
@@ -77,10 +87,32 @@ impl ParamLayout {
             no_weight_decay,
             shared_copy: false,
             expert_parallel: false,
+            tp_chunks: 1,
         }
     }
 
-    /// This shard's `(offset, length)` along every dim of the global tensor.
+    /// Where this shard's pieces lie: for each of the `tp_chunks` blocks, the piece's first
+    /// index along `tp_axis` in the local tensor and its `(offset, length)` along every dim of
+    /// the global tensor. One piece (at local 0, the [`ParamLayout::shard_slice`]) unless the
+    /// parameter is chunked and split over more than one rank.
+    pub fn shard_boxes(&self, local_shape: &[usize]) -> Vec<(usize, Vec<(usize, usize)>)> {
+        let chunks = self.tp_chunks.max(1);
+        let Some(axis) = self.tp_axis.filter(|&a| chunks > 1 && self.tp_size > 1 && a < local_shape.len()) else {
+            return vec![(0, self.shard_slice(local_shape))];
+        };
+        let local_block = local_shape[axis] / chunks;
+        let global_block = self.global_shape.get(axis).copied().unwrap_or(0) / chunks;
+        (0..chunks)
+            .map(|c| {
+                let mut slice: Vec<(usize, usize)> = local_shape.iter().map(|&len| (0, len)).collect();
+                slice[axis] = (c * global_block + self.tp_rank * local_block, local_block);
+                (c * local_block, slice)
+            })
+            .collect()
+    }
+
+    /// This shard's `(offset, length)` along every dim of the global tensor, as one box: right
+    /// only for `tp_chunks == 1` (use [`ParamLayout::shard_boxes`] in general).
     pub fn shard_slice(&self, local_shape: &[usize]) -> Vec<(usize, usize)> {
         local_shape
             .iter()

@@ -46,8 +46,10 @@ pub struct InspectArgs {
     /// Write the three index arrays (and the description) here as Megatron names them.
     #[arg(long)]
     pub dump_indices: Option<PathBuf>,
-    /// `t5`: the span-corruption samples of Megatron's T5 dataset (src/tools/data_inspect_t5.rs);
-    /// `--seq-length` is then the encoder length.
+    /// `gpt` (default): GPT samples. `t5`: the span-corruption samples of Megatron's T5 dataset
+    /// (src/tools/data_inspect_t5.rs; `--seq-length` is then the encoder length). `bert`:
+    /// Megatron's BERT samples of a sentence-split prefix, masked positions shown
+    /// (src/tools/bert_inspect.rs).
     #[arg(long, default_value = "gpt")]
     pub model: String,
     /// T5: decoder sequence length.
@@ -59,10 +61,6 @@ pub struct InspectArgs {
     /// The tokenizer to decode samples with (src/tokenizer_flags.rs).
     #[command(flatten)]
     pub tokenizer: crate::tokenizer_flags::TokenizerArgs,
-    /// `bert`: Megatron's BERT samples of a sentence-split prefix, masked positions shown
-    /// (src/tools/bert_inspect.rs); `gpt` (default): GPT samples.
-    #[arg(long, default_value = "gpt")]
-    pub model: String,
     /// With `--model bert`: samples without the sentence-order split.
     #[arg(long)]
     pub bert_no_binary_head: bool,

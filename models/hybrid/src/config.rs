@@ -238,6 +238,7 @@ impl HybridConfig {
             num_query_groups: None,
             kv_channels: None,
             rotary: None,
+            qk_layernorm: None,
         }
     }
 

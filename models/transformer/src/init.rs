@@ -182,10 +182,10 @@ impl ModuleBuilder {
         // fp32 tensor and casts the module with `.bfloat16()`/`.half()`).
         let value = self.backend.from_host(round_to(shard, self.precision.params)?, &shape)?;
         let grad = self.backend.zeros(&shape, self.precision.grads)?;
-        let tp_axis = match split {
-            Split::Replicated => None,
-            Split::Rows { .. } => Some(0),
-            Split::Cols => Some(1),
+        let (tp_axis, tp_chunks) = match split {
+            Split::Replicated => (None, 1),
+            Split::Rows { chunks } => (Some(0), chunks.max(1)),
+            Split::Cols => (Some(1), 1),
         };
         let layout = ParamLayout {
             global_shape: global_shape.to_vec(),
@@ -195,6 +195,7 @@ impl ModuleBuilder {
             no_weight_decay: global_shape.len() == 1,
             shared_copy: false,
             expert_parallel: false,
+            tp_chunks,
         };
         Ok(Param { name: name.to_string(), value, grad, layout })
     }

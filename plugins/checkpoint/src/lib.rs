@@ -10,7 +10,11 @@
 //!                                          `optimizer.{param}.{state}`
 //! ```
 //! Every tensor is stored as slices of its global shape, and optimizer moments per parameter,
-//! so a checkpoint loads into any TP/PP/DP layout. [`save()`] is crash-safe (see
+//! so a checkpoint loads into any TP/PP/DP layout. A parameter made of TP blocks
+//! (`ParamLayout::tp_chunks`, SwiGLU's `linear_fc1` = [gate; up]) is stored one slice per
+//! block, under keys `{name}#{block}` (the shard's `key`), so its stored tensor is [gate; up]
+//! at any TP size. (Checkpoints written before this at tp > 1 hold such tensors permuted: they
+//! load right only at the TP size they were saved with.) [`save()`] is crash-safe (see
 //! [`layout`]); [`load()`] validates everything it reads.
 //!
 //! Driver use: `save(dir, it, &params, Some(opt.state(b)?), meta, b, &ctx)`; on resume

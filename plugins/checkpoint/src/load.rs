@@ -7,7 +7,7 @@ use crate::metadata::{dtype_from_safetensors_name, CheckpointMetadata, TensorEnt
 use crate::region::{checked_volume, intersect, volume, BoxCopy};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::half::{bf16, f16};
-use megatron_core::{Backend, DType, HostBuffer, OptimizerState, Param};
+use megatron_core::{Backend, DType, HostBuffer, OptimizerState, Param, ParamLayout};
 use memmap2::Mmap;
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;
@@ -126,7 +126,7 @@ impl LoadedCheckpoint {
         for shard in &entry.shards {
             let Some((at, len)) = intersect(&shard.offset, &shard.shape, start, extent) else { continue };
             let st = self.safetensors(&shard.file)?;
-            let view = st.tensor(name).map_err(|e| anyhow!("`{name}` in {}: {e:?}", shard.file))?;
+            let view = st.tensor(shard.key(name)).map_err(|e| anyhow!("`{name}` in {}: {e:?}", shard.file))?;
             let copy = BoxCopy { elem: dtype.size(), src: view.data(), src_shape: &shard.shape, dst_shape: extent };
             let src_at: Vec<usize> = at.iter().zip(&shard.offset).map(|(a, o)| a - o).collect();
             let dst_at: Vec<usize> = at.iter().zip(start).map(|(a, s)| a - s).collect();
@@ -142,6 +142,23 @@ impl LoadedCheckpoint {
         HostBuffer::from_le_bytes(dtype, &out)
     }
 
+    /// The local tensor (of shape `local`) of a rank with `layout` out of stored tensor `name`:
+    /// one region, or the concatenation (along dim 0) of a chunked parameter's block slices.
+    pub fn read_shard(&self, name: &str, layout: &ParamLayout, local: &[usize]) -> Result<HostBuffer> {
+        let boxes = layout.shard_boxes(local);
+        if boxes.len() == 1 {
+            let (start, extent): (Vec<usize>, Vec<usize>) = layout.shard_slice(local).into_iter().unzip();
+            return self.read_region(name, &start, &extent);
+        }
+        let dtype = dtype_from_safetensors_name(&self.entry(name)?.dtype)?;
+        let mut bytes = Vec::new();
+        for (_, slice) in boxes {
+            let (start, extent): (Vec<usize>, Vec<usize>) = slice.into_iter().unzip();
+            bytes.extend(self.read_region(name, &start, &extent)?.to_le_bytes());
+        }
+        HostBuffer::from_le_bytes(dtype, &bytes)
+    }
+
     /// Overwrites every parameter with its slice of the stored tensor (its
     /// [`megatron_core::ParamLayout::shard_slice`]). Float values are converted to the
     /// parameter's dtype when the checkpoint stored another float type.
@@ -152,9 +169,8 @@ impl LoadedCheckpoint {
             self.check_global_shape(&p.name, &p.name, &p.layout.global_shape)?;
         }
         for p in params.iter_mut() {
-            let slice = p.layout.shard_slice(p.value.shape());
-            let (start, extent): (Vec<usize>, Vec<usize>) = slice.into_iter().unzip();
-            let data = convert(self.read_region(&p.name, &start, &extent)?, p.value.dtype(), &p.name)?;
+            let extent = p.value.shape().to_vec();
+            let data = convert(self.read_shard(&p.name, &p.layout, &extent)?, p.value.dtype(), &p.name)?;
             let loaded = backend.from_host(data, &extent)?;
             backend.copy(&loaded, &mut p.value).with_context(|| format!("cannot load `{}`", p.name))?;
         }
@@ -182,9 +198,8 @@ impl LoadedCheckpoint {
             // A state name has no dots; longer names belong to another parameter.
             for (name, _) in states.filter(|(k, _)| !k[prefix.len()..].contains('.')) {
                 self.check_global_shape(name, &p.name, &p.layout.global_shape)?;
-                let (start, extent): (Vec<usize>, Vec<usize>) =
-                    p.layout.shard_slice(p.value.shape()).into_iter().unzip();
-                let data = self.read_region(name, &start, &extent)?;
+                let extent = p.value.shape().to_vec();
+                let data = self.read_shard(name, &p.layout, &extent)?;
                 tensors.push((name[OPTIMIZER_PREFIX.len()..].to_string(), backend.from_host(data, &extent)?));
             }
         }
@@ -231,7 +246,7 @@ impl LoadedCheckpoint {
             }
             // One shard per file and tensor: two shards naming the same stored tensor would let
             // a small file claim a huge global tensor (and reads allocate for all of it).
-            if entry.shards[..i].iter().any(|o| o.file == shard.file) {
+            if entry.shards[..i].iter().any(|o| o.file == shard.file && o.key(name) == shard.key(name)) {
                 bail!(
                     "{}: `{name}` lists shard file {} twice (corrupted checkpoint metadata)",
                     self.dir.join(METADATA_FILE).display(),
@@ -244,8 +259,9 @@ impl LoadedCheckpoint {
                 }
             }
             let st = self.safetensors(&shard.file)?;
-            let view = st.tensor(name).map_err(|_| {
-                anyhow!("{} has no tensor `{name}` although {METADATA_FILE} lists it there", path.display())
+            let key = shard.key(name);
+            let view = st.tensor(key).map_err(|_| {
+                anyhow!("{} has no tensor `{key}` although {METADATA_FILE} lists it there", path.display())
             })?;
             let stored = format!("{:?}", view.dtype());
             if stored != dtype.safetensors_name() || view.shape() != shard.shape.as_slice() {

@@ -41,12 +41,22 @@ pub struct CheckpointMeta {
 }
 
 /// One stored slice of a tensor: `shape` elements starting at `offset` of the global tensor,
-/// held under the tensor's name in the safetensors file `file`.
+/// held under the tensor's name in the safetensors file `file` (or under `key`: the blocks of
+/// a chunked parameter, `{name}#{block}`, several slices of one tensor in one file).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardEntry {
     pub file: String,
     pub offset: Vec<usize>,
     pub shape: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+impl ShardEntry {
+    /// The safetensors key of this slice of tensor `name`.
+    pub fn key<'a>(&'a self, name: &'a str) -> &'a str {
+        self.key.as_deref().unwrap_or(name)
+    }
 }
 
 /// A tensor of the checkpoint: its element type (safetensors name), global shape and shards.

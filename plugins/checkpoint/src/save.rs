@@ -127,13 +127,40 @@ fn write_shard(
         let shape = t.shape().to_vec();
         let offset = shard_offset(&name, &shape, layout)?;
         let bytes = backend.to_host(t).with_context(|| format!("cannot copy `{name}` to the host"))?.to_le_bytes();
-        let entry = TensorEntry {
+        let mut entry = TensorEntry {
             dtype: t.dtype().safetensors_name().to_string(),
             global_shape: layout.global_shape.clone(),
-            shards: vec![ShardEntry { file: file.clone(), offset, shape: shape.clone() }],
+            shards: Vec::new(),
         };
-        index.insert(name.clone(), entry);
-        staged.push(Staged { name, dtype: t.dtype(), shape, bytes });
+        let boxes = layout.shard_boxes(&shape);
+        if boxes.len() == 1 {
+            entry.shards.push(ShardEntry { file: file.clone(), offset, shape: shape.clone(), key: None });
+            staged.push(Staged { name: name.clone(), dtype: t.dtype(), shape, bytes });
+        } else {
+            // A chunked parameter (split along dim 0): block c's rows are contiguous locally and
+            // go to their own place in the global tensor, under their own key.
+            if layout.tp_axis != Some(0) || shape.is_empty() || !shape[0].is_multiple_of(layout.tp_chunks) {
+                bail!(
+                    "`{name}`: a parameter of {} tensor-parallel blocks must be split along dim 0 into \
+                     whole blocks (local shape {shape:?})",
+                    layout.tp_chunks
+                );
+            }
+            let row_bytes = bytes.len() / shape[0].max(1);
+            for (c, (local_row, slice)) in boxes.into_iter().enumerate() {
+                let (offset, piece_shape): (Vec<usize>, Vec<usize>) = slice.into_iter().unzip();
+                let key = format!("{name}#{c}");
+                let rows = local_row * row_bytes..(local_row + piece_shape[0]) * row_bytes;
+                entry.shards.push(ShardEntry {
+                    file: file.clone(),
+                    offset,
+                    shape: piece_shape.clone(),
+                    key: Some(key.clone()),
+                });
+                staged.push(Staged { name: key, dtype: t.dtype(), shape: piece_shape, bytes: bytes[rows].to_vec() });
+            }
+        }
+        index.insert(name, entry);
         Ok(())
     };
     for p in params.iter().filter(|p| stores(&p.layout, ctx)) {

@@ -11,7 +11,46 @@ pub const SPEC: &[(&str, &[usize], Option<usize>, u32)] = &[
     ("decoder.layers.0.self_attention.linear_qkv.bias", &[12], Some(0), 3),
     ("decoder.layers.0.self_attention.linear_proj.weight", &[4, 6], Some(1), 4),
     ("decoder.final_layernorm.weight", &[4], None, 5),
+    // SwiGLU's [gate; up]: two blocks, each split over the TP ranks on its own.
+    ("decoder.layers.0.mlp.linear_fc1.weight", &[8, 4], Some(0), 6),
 ];
+
+/// TP blocks of a parameter (the gated `linear_fc1` has two).
+pub fn chunks_of(name: &str) -> usize {
+    if name.ends_with("linear_fc1.weight") {
+        2
+    } else {
+        1
+    }
+}
+
+/// Naive local tensor of a rank: the global rows (or columns) the rank holds, listed one by
+/// one (block `c`'s slice `tp_rank` for every block), independent of `ParamLayout`'s methods.
+pub fn true_local(l: &ParamLayout, local: &[usize], seed: u32) -> Vec<f32> {
+    let Some(axis) = l.tp_axis else { return slice_values(&l.global_shape, &full(local), seed) };
+    let chunks = l.tp_chunks.max(1);
+    let (lb, gb) = (local[axis] / chunks, l.global_shape[axis] / chunks);
+    let mut out = Vec::new();
+    if axis == 0 {
+        for c in 0..chunks {
+            for i in 0..lb {
+                let mut slice = full(local);
+                slice[0] = (c * gb + l.tp_rank * lb + i, 1);
+                out.extend(slice_values(&l.global_shape, &slice, seed));
+            }
+        }
+    } else {
+        assert_eq!(chunks, 1);
+        let mut slice = full(local);
+        slice[axis] = (l.tp_rank * local[axis], local[axis]);
+        out = slice_values(&l.global_shape, &slice, seed);
+    }
+    out
+}
+
+fn full(shape: &[usize]) -> Vec<(usize, usize)> {
+    shape.iter().map(|&n| (0, n)).collect()
+}
 
 /// Optimizer states and the seed offset of their values.
 pub const STATES: &[(&str, u32)] = &[("exp_avg", 100), ("exp_avg_sq", 200)];
@@ -54,7 +93,19 @@ pub fn layout(global: &[usize], tp_axis: Option<usize>, tp_rank: usize, tp_size:
         no_weight_decay: global.len() == 1,
         shared_copy: false,
         expert_parallel: false,
+        tp_chunks: 1,
     }
+}
+
+/// [`layout`] of the SPEC parameter `name` (its TP blocks included).
+pub fn named_layout(
+    name: &str,
+    global: &[usize],
+    tp_axis: Option<usize>,
+    tp_rank: usize,
+    tp_size: usize,
+) -> ParamLayout {
+    ParamLayout { tp_chunks: chunks_of(name), ..layout(global, tp_axis, tp_rank, tp_size) }
 }
 
 pub fn local_shape(l: &ParamLayout) -> Vec<usize> {
@@ -69,12 +120,12 @@ pub fn local_shape(l: &ParamLayout) -> Vec<usize> {
 pub fn params(b: &dyn Backend, tp_rank: usize, tp_size: usize, zeroed: bool) -> Vec<Param> {
     SPEC.iter()
         .map(|&(name, global, axis, seed)| {
-            let l = layout(global, axis, tp_rank, tp_size);
+            let l = named_layout(name, global, axis, tp_rank, tp_size);
             let shape = local_shape(&l);
             let value = if zeroed {
                 b.zeros(&shape, DType::F32).unwrap()
             } else {
-                let vals = slice_values(global, &l.shard_slice(&shape), seed);
+                let vals = true_local(&l, &shape, seed);
                 b.from_host(HostBuffer::F32(vals), &shape).unwrap()
             };
             Param { name: name.to_string(), grad: b.zeros(&shape, DType::F32).unwrap(), value, layout: l }
@@ -88,7 +139,7 @@ pub fn optimizer_state(b: &dyn Backend, params: &[Param]) -> OptimizerState {
     for p in params {
         let seed = SPEC.iter().find(|s| s.0 == p.name).unwrap().3;
         for &(state, off) in STATES {
-            let vals = slice_values(&p.layout.global_shape, &p.layout.shard_slice(p.value.shape()), seed + off);
+            let vals = true_local(&p.layout, p.value.shape(), seed + off);
             tensors.push((format!("{}.{state}", p.name), b.from_host(HostBuffer::F32(vals), p.value.shape()).unwrap()));
         }
     }
@@ -103,7 +154,7 @@ pub fn host_f32(b: &dyn Backend, t: &DeviceTensor) -> Vec<f32> {
 pub fn assert_params_hold_truth(b: &dyn Backend, params: &[Param]) {
     for p in params {
         let seed = SPEC.iter().find(|s| s.0 == p.name).unwrap().3;
-        let want = slice_values(&p.layout.global_shape, &p.layout.shard_slice(p.value.shape()), seed);
+        let want = true_local(&p.layout, p.value.shape(), seed);
         assert_eq!(host_f32(b, &p.value), want, "parameter {}", p.name);
     }
 }
@@ -117,7 +168,7 @@ pub fn assert_optimizer_holds_truth(b: &dyn Backend, params: &[Param], state: &O
             let key = format!("{}.{name}", p.name);
             let t = &state.tensors.iter().find(|(k, _)| *k == key).unwrap_or_else(|| panic!("missing {key}")).1;
             assert_eq!(t.shape(), p.value.shape(), "{key}");
-            let want = slice_values(&p.layout.global_shape, &p.layout.shard_slice(p.value.shape()), seed + off);
+            let want = true_local(&p.layout, p.value.shape(), seed + off);
             assert_eq!(host_f32(b, t), want, "{key}");
         }
     }
