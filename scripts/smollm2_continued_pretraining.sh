@@ -4,9 +4,8 @@
 # rank and model-parallel: tp3 (9 heads in 3 query groups: tp2 cannot split them, as in
 # Megatron) and pp2 (15 + 15 layers). Dropout off, so every layout must give the same loss
 # at every iteration; prints them side by side. Needs the `huggingface` feature binary.
-# Known (2026-11-26): tp3 does NOT match yet — SwiGLU `linear_fc1` ([gate; up]) is resharded as
-# one contiguous row split when a checkpoint is loaded at another TP size (ParamLayout has no
-# chunk count), so the tp3 run starts from scrambled MLP weights; pp2 is unaffected.
+# (Before 0d92a21 tp3 did not match: SwiGLU `linear_fc1` ([gate; up]) was resharded as one
+# contiguous row split; checkpoints now store it per block, `ParamLayout::tp_chunks`.)
 #   flock /work/heavy.lock bash scripts/smollm2_continued_pretraining.sh   # ITERS=n RUN=dir
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
