@@ -145,22 +145,21 @@ impl LoadedCheckpoint {
     /// The local tensor (of shape `local`) of a rank with `layout` out of stored tensor `name`:
     /// one region, or the concatenation (along dim 0) of a chunked parameter's block slices.
     pub fn read_shard(&self, name: &str, layout: &ParamLayout, local: &[usize]) -> Result<HostBuffer> {
-        let boxes = layout.shard_boxes(local);
-        if boxes.len() == 1 {
-            let (start, extent): (Vec<usize>, Vec<usize>) = layout.shard_slice(local).into_iter().unzip();
-            return self.read_region(name, &start, &extent);
+        let mut pieces = Vec::new();
+        for (_, slice) in layout.shard_boxes(local) {
+            let (start, extent): (Vec<usize>, Vec<usize>) = slice.into_iter().unzip();
+            pieces.push(self.read_region(name, &start, &extent)?);
+        }
+        if pieces.len() == 1 {
+            return Ok(pieces.remove(0));
         }
         let dtype = dtype_from_safetensors_name(&self.entry(name)?.dtype)?;
-        let mut bytes = Vec::new();
-        for (_, slice) in boxes {
-            let (start, extent): (Vec<usize>, Vec<usize>) = slice.into_iter().unzip();
-            bytes.extend(self.read_region(name, &start, &extent)?.to_le_bytes());
-        }
+        let bytes: Vec<u8> = pieces.into_iter().flat_map(|p| p.to_le_bytes()).collect();
         HostBuffer::from_le_bytes(dtype, &bytes)
     }
 
     /// Overwrites every parameter with its slice of the stored tensor (its
-    /// [`megatron_core::ParamLayout::shard_slice`]). Float values are converted to the
+    /// [`megatron_core::ParamLayout::shard_boxes`]). Float values are converted to the
     /// parameter's dtype when the checkpoint stored another float type.
     pub fn load_params(&self, params: &mut [&mut Param], backend: &dyn Backend) -> Result<()> {
         // Every parameter is checked before any is overwritten: a mismatch never leaves a

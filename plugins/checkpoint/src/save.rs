@@ -1,6 +1,7 @@
 //! Saving: every model-parallel rank with `dp_rank == 0` (and `cp_rank == 0`) writes its own
-//! safetensors file (expert weights: expert-data-parallel rank 0 of each expert-parallel rank), the ranks exchange their tensor indices, and global rank 0 writes
-//! `metadata.json`, commits the directory and moves the tracker.
+//! safetensors file (expert weights: expert-data-parallel rank 0 of each expert-parallel
+//! rank), the ranks exchange their tensor indices, and global rank 0 writes `metadata.json`,
+//! commits the directory and moves the tracker.
 //!
 //! Order (each step durable before the next): rank 0 removes crash leftovers and creates
 //! `iter_N.tmp/` → all ranks agree → writers write and fsync their shard file → indices are
