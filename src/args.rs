@@ -319,17 +319,18 @@ pub struct PretrainArgs {
     /// Same as `--recompute-granularity selective` (SPEC §6.9).
     #[arg(long)]
     pub recompute_activations: bool,
-    /// `selective` (the modules of `--recompute-modules`) or `full` (not available yet).
+    /// `selective` (the modules of `--recompute-modules`) or `full` (whole layers, `--recompute-method`).
     #[arg(long)]
     pub recompute_granularity: Option<String>,
     /// Modules recomputed by selective recomputation; only `core_attn`, which our attention
     /// always recomputes (docs in config.rs).
     #[arg(long, num_args = 1..)]
     pub recompute_modules: Vec<String>,
-    /// Full recomputation: `uniform` or `block` (not available yet).
+    /// Full recomputation: `uniform` (units of `--recompute-num-layers`) or `block` (the first
+    /// `--recompute-num-layers` layers of each pipeline stage).
     #[arg(long)]
     pub recompute_method: Option<String>,
-    /// Full recomputation: layers per unit (`uniform`) or per stage (`block`).
+    /// Full recomputation: layers per unit (`uniform`) or per stage (`block`); default 1.
     #[arg(long)]
     pub recompute_num_layers: Option<usize>,
     /// Plugin configurations from a JSON, TOML or YAML file, one section per plugin kind

@@ -158,7 +158,8 @@ impl TrainConfig {
         // attention always does: its forward keeps only qkv (B, T, 3C), the context (B, T, C) and
         // the log-sum-exp (B, heads, T); the (B, heads, T, T) scores, probabilities and attention
         // dropout mask (a pure function of the seed) are rebuilt in backward. So `selective` with
-        // `core_attn` is accepted and changes nothing; other modules and `full` are not built yet.
+        // `core_attn` is accepted and changes nothing; other modules are not built yet. `full`
+        // recomputes whole layers (megatron_transformer::recompute).
         let granularity = a.recompute_granularity.clone().or(a.recompute_activations.then(|| "selective".to_string()));
         match granularity.as_deref() {
             None => need(
@@ -179,10 +180,25 @@ impl TrainConfig {
                     "--recompute-method/--recompute-num-layers apply to --recompute-granularity full only".into(),
                 );
             }
-            Some("full") => need(
-                false,
-                "--recompute-granularity full is not available yet; use selective (core_attn) or drop it".into(),
-            ),
+            Some("full") => {
+                need(
+                    matches!(a.recompute_method.as_deref(), Some("uniform" | "block")),
+                    format!(
+                        "--recompute-granularity full needs --recompute-method uniform or block (got {:?})",
+                        a.recompute_method
+                    ),
+                );
+                need(a.recompute_num_layers != Some(0), "--recompute-num-layers must be at least 1".into());
+                need(
+                    a.model == "gpt",
+                    format!("--recompute-granularity full: model `{}` does not offer it (only `gpt` does)", a.model),
+                );
+                // A recomputed MoE layer would count its routing statistics twice.
+                need(
+                    a.moe.num_experts.is_none(),
+                    "--recompute-granularity full does not run with --num-experts yet; drop one of them".into(),
+                );
+            }
             Some(other) => need(false, format!("--recompute-granularity {other}: expected selective or full")),
         }
         // Mixed precision (SPEC §6.7, docs/mixed_precision.md): half parameters and activations,
@@ -330,6 +346,13 @@ impl TrainConfig {
             }
             if a.sequence_parallel {
                 m.insert("sequence_parallel".into(), json!(true));
+            }
+            if a.recompute_granularity.as_deref() == Some("full") {
+                let method = a.recompute_method.clone().unwrap_or_default();
+                m.insert(
+                    "recompute".into(),
+                    json!({"method": method, "num_layers": a.recompute_num_layers.unwrap_or(1)}),
+                );
             }
         }
         // Only when given: models without pipeline stages reject fields they do not know.

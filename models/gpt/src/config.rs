@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 use megatron_core::{DType, RopeScaling};
-use megatron_transformer::{NormKind, Precision, RotaryConfig, TransformerConfig};
+use megatron_transformer::{FullRecompute, NormKind, Precision, RotaryConfig, TransformerConfig};
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
 
@@ -136,6 +136,10 @@ pub struct GptConfig {
     /// TP group. Ignored at tp = 1 (a tp = 1 run or a resharded checkpoint just runs without it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub sequence_parallel: bool,
+    /// `--recompute-granularity full` with its method and unit size (SPEC §6.9); `None` keeps
+    /// every activation (selective `core_attn` recomputation is what attention always does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<FullRecompute>,
 }
 
 impl GptConfig {
@@ -181,6 +185,7 @@ impl GptConfig {
             fp32_residual_connection: false,
             grad_reduce_in_bf16: false,
             sequence_parallel: false,
+            recompute: None,
         }
     }
 

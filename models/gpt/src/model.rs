@@ -118,8 +118,9 @@ impl GptModel {
         let mut layer = gpt_layer_local_spec(config.normalization, config.swiglu, config.add_bias_linear);
         layer.self_attention.qkv_bias |= config.add_qkv_bias;
         let spec = gpt_decoder_block_spec(layer, config.num_layers);
-        let decoder = TransformerBlock::new_stage(&b, provider, "decoder", &tcfg, &spec, layers.clone(), last)
+        let mut decoder = TransformerBlock::new_stage(&b, provider, "decoder", &tcfg, &spec, layers.clone(), last)
             .context("building the gpt decoder")?;
+        decoder.set_full_recompute(config.recompute)?;
         let untied = config.untie_embeddings_and_output_weights;
         let output_layer = if last && untied {
             Some(b.param("output_layer.weight", &[vocab_padded, h], Split::Rows { chunks: 1 }, Init::Normal(std))?)

@@ -6,8 +6,9 @@ use crate::attention::LayerKvCache;
 use crate::init::ModuleBuilder;
 use crate::layer::TransformerLayer;
 use crate::norm::NormLayer;
+use crate::recompute::FullRecompute;
 use crate::spec::{SpecProvider, TransformerBlockSpec, TransformerConfig};
-use crate::step::{copy_any, empty, ensure_buffer, BackwardScratch, StepInfo};
+use crate::step::{copy_any, empty, ensure_buffer, BackwardScratch, SavedActivations, StepInfo};
 use anyhow::{bail, Result};
 use megatron_core::{Backend, DType, DeviceTensor, Param};
 use std::ops::Range;
@@ -29,6 +30,11 @@ pub struct TransformerBlock {
     output: DeviceTensor,     // (B, T, C): final norm output
     d_residual: DeviceTensor, // (B, T, C): gradient of the residual stream in backward
     scratch: BackwardScratch,
+    /// `--recompute-granularity full` ([`crate::recompute`]); `None` keeps every activation.
+    recompute: Option<FullRecompute>,
+    /// Activation sets of recomputed layers while no layer uses them (at most one unit's
+    /// worth): a recompute reuses these buffers instead of allocating.
+    pool: Vec<SavedActivations>,
 }
 
 impl TransformerBlock {
@@ -90,6 +96,8 @@ impl TransformerBlock {
             output: empty(bk)?,
             d_residual: empty(bk)?,
             scratch: BackwardScratch::new(bk)?,
+            recompute: None,
+            pool: Vec::new(),
             layers,
             final_layernorm,
             backend,
@@ -120,7 +128,9 @@ impl TransformerBlock {
     pub fn input_mut(&mut self, step: &StepInfo) -> Result<&mut DeviceTensor> {
         let shape = self.hidden_shape(step)?;
         let bk = self.backend.as_ref();
-        for t in self.residuals.iter_mut().chain([&mut self.d_residual]) {
+        let inner = self.inner_residuals(step);
+        let kept = self.residuals.iter_mut().enumerate().filter(|(i, _)| !inner.contains(i)).map(|(_, t)| t);
+        for t in kept.chain([&mut self.d_residual]) {
             ensure_buffer(bk, t, &shape, self.residual_dtype)?;
         }
         ensure_buffer(bk, &mut self.output, &shape, self.output_dtype)?;
@@ -128,10 +138,23 @@ impl TransformerBlock {
     }
 
     /// Runs every layer and the final norm on the input written through [`Self::input_mut`].
+    /// In training with full recomputation, a recomputed layer's activations go back to the
+    /// pool right after its forward, and a unit's inner residuals are dropped once consumed.
     pub fn forward(&mut self, step: &StepInfo) -> Result<()> {
-        for (l, layer) in self.layers.iter_mut().enumerate() {
+        let units = self.recompute_units(step);
+        for l in 0..self.layers.len() {
+            self.ensure_residual(l + 1)?;
+            if units[l].is_some() {
+                self.lend_buffers(l)?;
+            }
             let (done, rest) = self.residuals.split_at_mut(l + 1);
-            layer.forward(&done[l], &mut rest[0], step)?;
+            self.layers[l].forward(&done[l], &mut rest[0], step)?;
+            if let Some(u) = &units[l] {
+                self.reclaim_buffers(l)?;
+                if l > u.start {
+                    self.residuals[l] = empty(self.backend.as_ref())?; // inner: rebuilt in backward
+                }
+            }
         }
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
@@ -160,6 +183,9 @@ impl TransformerBlock {
         if caches.len() != self.layers.len() {
             bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
         }
+        for l in 1..=self.layers.len() {
+            self.ensure_residual(l)?;
+        }
         for (l, (layer, cache)) in self.layers.iter_mut().zip(caches.iter_mut()).enumerate() {
             let (done, rest) = self.residuals.split_at_mut(l + 1);
             layer.forward_cached(&done[l], &mut rest[0], cache, offset, key_start, step)?;
@@ -187,6 +213,9 @@ impl TransformerBlock {
     ) -> Result<()> {
         if caches.len() != self.layers.len() {
             bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
+        }
+        for l in 1..=self.layers.len() {
+            self.ensure_residual(l)?;
         }
         for (l, (layer, cache)) in self.layers.iter_mut().zip(caches.iter_mut()).enumerate() {
             let (done, rest) = self.residuals.split_at_mut(l + 1);
@@ -226,11 +255,84 @@ impl TransformerBlock {
             }
             None => copy_any(self.backend.as_ref(), d_output, &mut self.d_residual)?,
         }
-        for (l, layer) in self.layers.iter_mut().enumerate().rev() {
+        let units = self.recompute_units(step);
+        for l in (0..self.layers.len()).rev() {
+            if let Some(u) = units[l].clone().filter(|u| l + 1 == u.end) {
+                self.recompute_unit(u, step)?;
+            }
+            let layer = &mut self.layers[l];
             layer.backward(&self.residuals[l], &mut self.d_residual, &mut self.scratch, step)?;
             on_grads_ready(&layer.params())?;
+            if let Some(u) = &units[l] {
+                self.reclaim_buffers(l)?;
+                if l > u.start {
+                    self.residuals[l] = empty(self.backend.as_ref())?;
+                }
+            }
         }
         Ok(&self.d_residual)
+    }
+
+    /// Turns full recomputation on (or off with `None`) for the following training steps.
+    pub fn set_full_recompute(&mut self, recompute: Option<FullRecompute>) -> Result<()> {
+        if recompute.is_some_and(|r| r.num_layers == 0) {
+            bail!("--recompute-num-layers must be at least 1");
+        }
+        self.recompute = recompute;
+        Ok(())
+    }
+
+    /// For each layer, its recompute unit in a training step (all `None` otherwise).
+    fn recompute_units(&self, step: &StepInfo) -> Vec<Option<Range<usize>>> {
+        match self.recompute.filter(|_| step.train) {
+            Some(r) => r.unit_of_layers(self.layers.len()),
+            None => vec![None; self.layers.len()],
+        }
+    }
+
+    /// Residual indices that a training step drops after use (inside a unit of several layers).
+    fn inner_residuals(&self, step: &StepInfo) -> Vec<usize> {
+        let units = self.recompute_units(step);
+        (0..self.layers.len()).filter(|&l| units[l].as_ref().is_some_and(|u| l > u.start)).collect()
+    }
+
+    /// Sizes `residuals[i]` like the block input (a no-op unless it was dropped).
+    fn ensure_residual(&mut self, i: usize) -> Result<()> {
+        let shape = self.residuals[0].shape().to_vec();
+        ensure_buffer(self.backend.as_ref(), &mut self.residuals[i], &shape, self.residual_dtype)
+    }
+
+    /// Gives layer `l` a pooled set of activation buffers of its kind, if there is one (else it
+    /// allocates in its forward).
+    fn lend_buffers(&mut self, l: usize) -> Result<()> {
+        let n = self.layers[l].saved_activations_mut().len();
+        if let Some(i) = self.pool.iter().position(|s| s.len() == n) {
+            let mut set = self.pool.swap_remove(i);
+            set.swap_with(self.layers[l].saved_activations_mut())?; // `set` now holds placeholders
+        }
+        Ok(())
+    }
+
+    /// Moves layer `l`'s activations into the pool, leaving empty placeholders in the layer.
+    fn reclaim_buffers(&mut self, l: usize) -> Result<()> {
+        let slots = self.layers[l].saved_activations_mut();
+        let mut set = SavedActivations::placeholders(self.backend.as_ref(), slots.len())?;
+        set.swap_with(slots)?;
+        self.pool.push(set);
+        Ok(())
+    }
+
+    /// Re-runs the forward of the layers of `unit` from its kept input, so their activations
+    /// (and the unit's inner residuals) are in place for their backward. The same `step` gives
+    /// the same dropout masks: the activations are bit-identical to the first forward's.
+    fn recompute_unit(&mut self, unit: Range<usize>, step: &StepInfo) -> Result<()> {
+        for l in unit {
+            self.ensure_residual(l + 1)?;
+            self.lend_buffers(l)?;
+            let (done, rest) = self.residuals.split_at_mut(l + 1);
+            self.layers[l].forward(&done[l], &mut rest[0], step)?;
+        }
+        Ok(())
     }
 
     /// Everything the last forward saved for backward: the residual stream `(L+1)·(B, T, C)`,
@@ -246,6 +348,17 @@ impl TransformerBlock {
             v.extend(norm.saved_activations_mut());
         }
         v
+    }
+
+    /// Bytes of everything [`Self::saved_activations_mut`] lists now, plus the recompute pool.
+    pub fn activation_bytes(&mut self) -> usize {
+        let held: usize = self.saved_activations_mut().iter().map(|t| t.numel() * t.dtype().size()).sum();
+        held + self.pooled_activation_bytes()
+    }
+
+    /// Bytes of the recompute pool (activation sets of recomputed layers not in use).
+    pub fn pooled_activation_bytes(&self) -> usize {
+        self.pool.iter().map(|s| s.bytes()).sum()
     }
 
     pub fn params(&self) -> Vec<&Param> {

@@ -23,6 +23,7 @@ pub mod mlp_slot;
 pub mod norm;
 pub mod precision;
 pub mod qk_norm;
+pub mod recompute;
 pub mod sequence_parallel;
 pub mod spec;
 pub mod step;
@@ -39,6 +40,7 @@ pub use mlp::Mlp;
 pub use mlp_slot::{MlpSlot, WithMlpProvider};
 pub use norm::{LayerNorm, NormKind, NormLayer, RmsNorm};
 pub use precision::Precision;
+pub use recompute::{FullRecompute, RecomputeMethod};
 pub use sequence_parallel::{SequenceParallelColumnLinear, SequenceParallelRowLinear};
 pub use spec::{
     gpt_decoder_block_spec, gpt_layer_local_spec, Activation, LocalSpecProvider, MlpSpec, RotaryConfig,

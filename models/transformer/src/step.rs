@@ -139,6 +139,15 @@ impl SavedActivations {
     }
 
     /// Bytes held (for memory accounting and tests).
+    /// How many tensors the set holds.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
     pub fn bytes(&self) -> usize {
         self.tensors.iter().map(|t| t.numel() * t.dtype().size()).sum()
     }
