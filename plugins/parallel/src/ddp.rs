@@ -141,7 +141,7 @@ impl DdpReducer {
         let group = dp_cp_group(ctx);
         // With ep = 1 the expert-data-parallel group is the DP×CP group: experts are buckets'
         // ordinary members (and the distributed optimizer shards them like the rest).
-        let split = ctx.expert_model_parallel_size > 1;
+        let split = ctx.experts_sharded();
         let (experts, params): (Vec<&Param>, Vec<&Param>) =
             params.iter().partition(|p| split && p.layout.expert_parallel);
         if !experts.is_empty() && options.shard_for_distributed_optimizer {
