@@ -1,7 +1,7 @@
 //! Expert parallelism inside `megatron pretrain` (SPEC §5.8), ranks as threads: the same tiny
 //! MoE GPT trained at ep = 1 on one rank and at ep = 2 / 4 (alltoall and allgather dispatch,
 //! with dp = 4 so experts have expert-data-parallel replicas, with pp = 2, and with the expert
-//! grid folded over tp = 2 at expert-TP 1 and 2) gives the same
+//! grid folded over tp = 2 at expert-TP 1 and 2, and with the distributed optimizer) gives the same
 //! per-iteration `lm loss` and `grad-norm` (full precision from `--metrics-jsonl`) within
 //! 1e-5 relative (dropless routing); a checkpoint saved at ep = 2 resumes at ep = 1 and one
 //! saved at ep = 1 resumes at ep = 2, continuing the uninterrupted run's losses.
@@ -156,6 +156,9 @@ fn expert_parallel_pretrain_matches_one_rank() {
             ],
         ),
         ("ep1-etp2-dp2", &["--nproc", "2", "--expert-tensor-parallel-size", "2"]),
+        // The distributed optimizer shards the dense buckets; the experts keep a plain Adam.
+        ("ep2-distopt", &["--nproc", "2", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
+        ("ep2-dp4-distopt", &["--nproc", "4", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
     ] {
         let got = run(&plugin, tmp.path(), name, &[&iters[..], layout].concat());
         assert_close(&got, &single, name);
@@ -175,6 +178,7 @@ fn checkpoints_move_between_expert_parallel_sizes() {
         ("ep2-to-ep1", [n2, &["--expert-model-parallel-size", "2"]].concat(), n2.to_vec()),
         ("ep1-to-ep2", n2.to_vec(), [n2, &["--expert-model-parallel-size", "2"]].concat()),
         ("tp2-ep2-etp2-to-ep1", tp2.to_vec(), n2.to_vec()),
+        ("ep2-distopt-to-ep1", [n2, &["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]].concat(), n2.to_vec()),
         (
             "tp2-ep2-etp1-to-ep2",
             [n4, &["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"]].concat(),

@@ -204,6 +204,9 @@ pub fn hf_mixtral_config(model: &megatron_gpt::GptModel, moe: &Value, bos: Optio
     cfg["num_experts_per_tok"] = json!(field("moe_router_topk")?);
     cfg["intermediate_size"] = json!(moe["moe_ffn_hidden_size"].as_u64().unwrap_or(c.ffn_hidden_size() as u64));
     cfg["router_aux_loss_coef"] = json!(moe["moe_aux_loss_coeff"].as_f64().unwrap_or(0.0));
+    // f32 values as the shortest decimal that reads back to them (1e-5, not 9.99999974e-6).
+    let short = |v: f32| v.to_string().parse::<f64>().unwrap_or(v as f64);
+    cfg["rms_norm_eps"] = json!(short(c.layernorm_epsilon));
     cfg["output_router_logits"] = json!(false);
     cfg["sliding_window"] = Value::Null;
     for k in ["mlp_bias", "head_dim", "partial_rotary_factor"] {
