@@ -178,7 +178,11 @@ fn checkpoints_move_between_expert_parallel_sizes() {
         ("ep2-to-ep1", [n2, &["--expert-model-parallel-size", "2"]].concat(), n2.to_vec()),
         ("ep1-to-ep2", n2.to_vec(), [n2, &["--expert-model-parallel-size", "2"]].concat()),
         ("tp2-ep2-etp2-to-ep1", tp2.to_vec(), n2.to_vec()),
-        ("ep2-distopt-to-ep1", [n2, &["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]].concat(), n2.to_vec()),
+        (
+            "ep2-distopt-to-ep1",
+            [n2, &["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]].concat(),
+            n2.to_vec(),
+        ),
         (
             "tp2-ep2-etp1-to-ep2",
             [n4, &["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"]].concat(),

@@ -237,7 +237,8 @@ impl Optimizer for DistributedOptimizer {
     fn load_state(&mut self, state: OptimizerState, params: &[&Param], backend: &dyn Backend) -> Result<()> {
         let (steps, mut states) = state_tensors::load(state, &KINDS, "adam", params, backend)?;
         self.steps = steps;
-        let plain = states.iter().filter(|(n, _)| self.unsharded.contains(*n)).map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        let plain =
+            states.iter().filter(|(n, _)| self.unsharded.contains(*n)).map(|(n, _)| n.clone()).collect::<Vec<_>>();
         self.plain.restore(steps, plain.into_iter().filter_map(|n| states.remove_entry(&n)).collect());
         for seg in self.segments.iter_mut().flatten() {
             seg.state = match states.get(&seg.name) {
