@@ -130,8 +130,8 @@ pub struct ParallelContext {
     /// First and last pipeline stage of this pipeline (tied embeddings).
     pub embedding_group: Group,
     pub comm: Arc<dyn Communicator>,
-    /// Expert grid (SPEC §5.1 "parallel folding", expert TP = 1 here): `--expert-model-parallel-size`,
-    /// 1 unless [`ParallelContext::with_expert_parallel`] set it.
+    /// Expert grid (SPEC §5.1 "parallel folding", [`ParallelContext::with_expert_grid`]):
+    /// `--expert-model-parallel-size`, 1 unless that set it.
     pub expert_model_parallel_size: usize,
     /// This rank's position in `ep_group`.
     pub ep_rank: usize,

@@ -139,8 +139,8 @@ impl DdpReducer {
         ctx: &ParallelContext,
     ) -> Result<DdpReducer> {
         let group = dp_cp_group(ctx);
-        // With ep = 1 the expert-data-parallel group is the DP×CP group: experts are buckets'
-        // ordinary members (and the distributed optimizer shards them like the rest).
+        // With ep = etp = 1 the expert-data-parallel group is the DP×CP group: experts are
+        // buckets' ordinary members (and the distributed optimizer shards them like the rest).
         let split = ctx.experts_sharded();
         let (experts, params): (Vec<&Param>, Vec<&Param>) =
             params.iter().partition(|p| split && p.layout.expert_parallel);
