@@ -3,7 +3,8 @@
 
 Usage: mixtral_tiny.py OUT_DIR
 Writes OUT_DIR/{config.json, model.safetensors} (transformers' save_pretrained, fp32) and
-OUT_DIR/reference.json: the input ids and transformers' logits for them (eager attention).
+OUT_DIR/reference.json: the input ids and transformers' logits for them (eager attention),
+and `greedy`: the 5 tokens a greedy decode appends to the ids (full recompute, no cache).
 """
 import json
 import sys
@@ -40,8 +41,14 @@ def main(out):
     ids = torch.randint(0, cfg.vocab_size, (1, 12), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         logits = model(ids).logits[0]
+        seq = ids
+        for _ in range(5):
+            nxt = model(seq).logits[0, -1].argmax().view(1, 1)
+            seq = torch.cat([seq, nxt], dim=1)
+    greedy = seq[0, ids.shape[1]:].tolist()
     with open(f"{out}/reference.json", "w") as f:
-        json.dump({"ids": ids[0].tolist(), "logits": logits.flatten().tolist(), "vocab": cfg.vocab_size}, f)
+        ref = {"ids": ids[0].tolist(), "logits": logits.flatten().tolist(), "vocab": cfg.vocab_size, "greedy": greedy}
+        json.dump(ref, f)
 
 
 if __name__ == "__main__":

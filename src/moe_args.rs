@@ -44,6 +44,10 @@ pub struct MoeArgs {
     pub moe_token_dispatcher_type: String,
     #[arg(long, default_value_t = 1)]
     pub expert_model_parallel_size: usize,
+    /// Split every expert over this many ranks of the expert grid (fc1 by columns, fc2 by
+    /// rows). Default 1 — Megatron's default is --tensor-model-parallel-size.
+    #[arg(long, default_value_t = 1)]
+    pub expert_tensor_parallel_size: usize,
     /// Accepted for Megatron compatibility: the plugin always uses its grouped GEMM.
     #[arg(long)]
     pub moe_grouped_gemm: bool,
@@ -81,9 +85,34 @@ impl MoeArgs {
             "moe_token_drop_policy": self.moe_token_drop_policy,
             "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
             "expert_model_parallel_size": self.expert_model_parallel_size,
+            "expert_tensor_parallel_size": self.expert_tensor_parallel_size,
             "num_microbatches": num_microbatches,
             "moe_shared_expert_intermediate_size": self.moe_shared_expert_intermediate_size,
             "moe_shared_expert_gate": self.moe_shared_expert_gate,
         }))
     }
+}
+
+/// The `moe` plugin's config for running (generation, export) a checkpoint whose stored args
+/// have `num_experts`: every plugin key the args hold (a `pretrain` checkpoint holds all of
+/// them; an imported Mixtral only the sizes, the rest keep the plugin's defaults), on one
+/// rank (ep = etp = 1, one micro-batch). `None` for a dense checkpoint.
+pub fn plugin_config_from_stored_args(args: &Value) -> Option<Value> {
+    let e = args["num_experts"].as_u64()?;
+    let keys = MoeArgs { num_experts: Some(e as usize), ..Default::default() }.plugin_config(1)?;
+    let mut config = serde_json::Map::new();
+    for key in keys.as_object()?.keys() {
+        match args.get(key) {
+            Some(v) if !v.is_null() => config.insert(key.clone(), v.clone()),
+            _ => None,
+        };
+    }
+    if let Some(freq) = args["moe_layer_freq"].as_str() {
+        let moe = MoeArgs { num_experts: Some(e as usize), moe_layer_freq: Some(freq.into()), ..Default::default() };
+        config.insert("moe_layer_freq".into(), moe.plugin_config(1)?["moe_layer_freq"].clone());
+    }
+    config.insert("expert_model_parallel_size".into(), json!(1));
+    config.insert("expert_tensor_parallel_size".into(), json!(1));
+    config.insert("num_microbatches".into(), json!(1));
+    Some(Value::Object(config))
 }

@@ -1,6 +1,7 @@
 //! Expert parallelism inside `megatron pretrain` (SPEC §5.8), ranks as threads: the same tiny
 //! MoE GPT trained at ep = 1 on one rank and at ep = 2 / 4 (alltoall and allgather dispatch,
-//! with dp = 4 so experts have expert-data-parallel replicas, and with pp = 2) gives the same
+//! with dp = 4 so experts have expert-data-parallel replicas, with pp = 2, and with the expert
+//! grid folded over tp = 2 at expert-TP 1 and 2, and with the distributed optimizer) gives the same
 //! per-iteration `lm loss` and `grad-norm` (full precision from `--metrics-jsonl`) within
 //! 1e-5 relative (dropless routing); a checkpoint saved at ep = 2 resumes at ep = 1 and one
 //! saved at ep = 1 resumes at ep = 2, continuing the uninterrupted run's losses.
@@ -102,13 +103,20 @@ fn run(plugin: &[String], dir: &Path, name: &str, extra: &[&str]) -> Vec<(u64, f
 
 fn assert_close(got: &[(u64, f64, f64)], want: &[(u64, f64, f64)], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: iterations {got:?} vs {want:?}");
+    let mut worst = 0.0f64;
     for (g, w) in got.iter().zip(want) {
         assert_eq!(g.0, w.0, "{what}");
         for (a, b, field) in [(g.1, w.1, "lm loss"), (g.2, w.2, "grad norm")] {
             assert!((a - b).abs() <= 1e-5 * b.abs(), "{what}: iteration {} {field} {a} vs {b} (ep = 1)", g.0);
+            worst = worst.max((a - b).abs() / b.abs());
         }
     }
+    let last = got.last().map_or((0.0, 0.0), |r| (r.1, r.2));
+    println!("{what}: max rel diff {worst:.2e}; last lm loss {:.10} grad norm {:.10}", last.0, last.1);
 }
+
+/// `--expert-tensor-parallel-size=2` as one argument (the layouts are arrays of flags).
+const ETP2: &str = "--expert-tensor-parallel-size=2";
 
 #[test]
 fn expert_parallel_pretrain_matches_one_rank() {
@@ -126,6 +134,31 @@ fn expert_parallel_pretrain_matches_one_rank() {
         ("ep2-dp4", &["--nproc", "4", "--expert-model-parallel-size", "2"]),
         ("ep4", &["--nproc", "4", "--expert-model-parallel-size", "4"]),
         ("ep2-pp2", &["--nproc", "4", "--expert-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]),
+        // Expert grid over TP ranks: each TP rank dispatches its share of the tokens.
+        ("ep2-tp2-etp1", &["--nproc", "4", "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"]),
+        (
+            "ep2-tp2-etp2",
+            &["--nproc", "4", "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2", ETP2],
+        ),
+        ("ep1-tp2-etp2", &["--nproc", "2", "--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "2"]),
+        (
+            "ep2-tp2-etp2-allgather",
+            &[
+                "--nproc",
+                "4",
+                "--tensor-model-parallel-size",
+                "2",
+                "--expert-model-parallel-size",
+                "2",
+                ETP2,
+                "--moe-token-dispatcher-type",
+                "allgather",
+            ],
+        ),
+        ("ep1-etp2-dp2", &["--nproc", "2", "--expert-tensor-parallel-size", "2"]),
+        // The distributed optimizer shards the dense buckets; the experts keep a plain Adam.
+        ("ep2-distopt", &["--nproc", "2", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
+        ("ep2-dp4-distopt", &["--nproc", "4", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
     ] {
         let got = run(&plugin, tmp.path(), name, &[&iters[..], layout].concat());
         assert_close(&got, &single, name);
@@ -136,15 +169,33 @@ fn expert_parallel_pretrain_matches_one_rank() {
 fn checkpoints_move_between_expert_parallel_sizes() {
     let plugin = plugin_args();
     let tmp = tempfile::tempdir().unwrap();
-    let full = run(&plugin, tmp.path(), "full", &["--nproc", "2", "--train-iters", "4"]);
-    for (name, save_ep, load_ep) in [("ep2-to-ep1", "2", "1"), ("ep1-to-ep2", "1", "2")] {
+    // Vocabulary padding that is the same at tp 1 and 2 (64 rows), so checkpoints move over TP.
+    let pad = ["--make-vocab-size-divisible-by", "32"];
+    let full = run(&plugin, tmp.path(), "full", &[&pad[..], &["--nproc", "2", "--train-iters", "4"]].concat());
+    let (n2, n4) = (&["--nproc", "2"][..], &["--nproc", "4"][..]);
+    let tp2 = ["--nproc", "4", "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2", ETP2];
+    for (name, save_layout, load_layout) in [
+        ("ep2-to-ep1", [n2, &["--expert-model-parallel-size", "2"]].concat(), n2.to_vec()),
+        ("ep1-to-ep2", n2.to_vec(), [n2, &["--expert-model-parallel-size", "2"]].concat()),
+        ("tp2-ep2-etp2-to-ep1", tp2.to_vec(), n2.to_vec()),
+        (
+            "ep2-distopt-to-ep1",
+            [n2, &["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]].concat(),
+            n2.to_vec(),
+        ),
+        (
+            "tp2-ep2-etp1-to-ep2",
+            [n4, &["--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2"]].concat(),
+            [n2, &["--expert-model-parallel-size", "2"]].concat(),
+        ),
+    ] {
         let dir = tmp.path().join(name);
         let d = dir.to_str().unwrap();
-        let common = ["--nproc", "2", "--save", d, "--save-interval", "2"];
-        let save = ["--train-iters", "4", "--exit-interval", "2", "--expert-model-parallel-size", save_ep];
-        let first = run(&plugin, tmp.path(), &format!("{name}-a"), &[&common[..], &save].concat());
-        let load = ["--train-iters", "4", "--load", d, "--expert-model-parallel-size", load_ep];
-        let second = run(&plugin, tmp.path(), &format!("{name}-b"), &[&common[..], &load].concat());
+        let common = ["--save", d, "--save-interval", "2", pad[0], pad[1]];
+        let save = ["--train-iters", "4", "--exit-interval", "2"];
+        let first = run(&plugin, tmp.path(), &format!("{name}-a"), &[&common[..], &save, &save_layout].concat());
+        let load = ["--train-iters", "4", "--load", d];
+        let second = run(&plugin, tmp.path(), &format!("{name}-b"), &[&common[..], &load, &load_layout].concat());
         assert_eq!((first.len(), second.len()), (2, 2), "{name}: {first:?} {second:?}");
         let resumed: Vec<_> = first.into_iter().chain(second).collect();
         assert_close(&resumed, &full, name);

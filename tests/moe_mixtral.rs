@@ -2,7 +2,9 @@
 //! time (`scripts/mixtral_tiny.py`, /work/venv/bin/python or $MEGATRON_TEST_PYTHON) is loaded
 //! into a GPT whose MLP slots the `moe` plugin fills; its logits equal transformers' within
 //! 1e-4 of the largest logit, exporting back gives every HF tensor bit-identically, and
-//! `megatron import hf` writes a checkpoint holding exactly the loaded weights.
+//! `megatron import hf` writes a checkpoint holding exactly the loaded weights, which
+//! `megatron export hf` turns back into the original tensors (bit-identical) and from which
+//! `megatron generate` decodes greedily the tokens transformers does.
 //! Skips when the Python environment (torch + transformers) is absent.
 
 use megatron::hf::import_mixtral::{export_hf_mixtral, load_hf_mixtral, mixtral_configs};
@@ -124,6 +126,67 @@ fn tiny_mixtral_logits_match_transformers_and_export_round_trips() {
     ckpt.load_params(&mut refs, backend.as_ref()).unwrap();
     for (a, b) in loaded.iter().zip(model.params()) {
         assert_eq!(a.value.host_f32().unwrap(), b.value.host_f32().unwrap(), "{} in the imported checkpoint", a.name);
+    }
+
+    // `megatron export hf` of that checkpoint: a Mixtral directory with every tensor of the
+    // original bit for bit, and the original's config values.
+    let exported = dir.join("exported");
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(plugin_args())
+        .args(["export", "hf", "--load"])
+        .arg(&save)
+        .arg("--out")
+        .arg(&exported)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let blob2 = std::fs::read(exported.join("model.safetensors")).unwrap();
+    let st2 = SafeTensors::deserialize(&blob2).unwrap();
+    assert_eq!(st2.names().len(), st.names().len(), "exported tensor count");
+    for name in st.names() {
+        let (a, b) = (st.tensor(name).unwrap(), st2.tensor(name).unwrap_or_else(|e| panic!("exported {name}: {e}")));
+        assert_eq!((a.dtype(), a.shape()), (b.dtype(), b.shape()), "{name}");
+        assert!(a.data() == b.data(), "{name} is not bit-identical after import + export");
+    }
+    let cfg2: Value = serde_json::from_slice(&std::fs::read(exported.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg2["model_type"], json!("mixtral"));
+    assert_eq!(cfg2["architectures"], json!(["MixtralForCausalLM"]));
+    for key in [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+    ] {
+        assert_eq!(cfg2[key].as_f64(), cfg[key].as_f64(), "config.json `{key}`: {} vs {}", cfg2[key], cfg[key]);
+    }
+    let theta = |c: &Value| c["rope_theta"].as_f64().or_else(|| c["rope_parameters"]["rope_theta"].as_f64());
+    assert_eq!(theta(&cfg2), theta(&cfg), "rope_theta");
+
+    // `megatron generate` from the MoE checkpoint: greedy tokens equal transformers' greedy
+    // decode of the same prompt (ids, NullTokenizer), with the kv cache and without.
+    let want: Vec<i64> = reference["greedy"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let prompt = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(" ");
+    for cache in [&[][..], &["--no-kv-cache"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+            .args(plugin_args())
+            .args(["generate", "--load"])
+            .arg(&save)
+            .args(["--prompt", &prompt, "--tokens-to-generate", &want.len().to_string(), "--top-k", "1"])
+            .args(cache)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let got: Vec<i64> = text.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        assert_eq!(got.len(), ids.len() + want.len(), "generate printed {text:?}");
+        assert_eq!(&got[ids.len()..], &want[..], "greedy tokens {cache:?} vs transformers; printed {text:?}");
     }
 }
 

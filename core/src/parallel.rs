@@ -103,6 +103,10 @@ impl RankGrid {
             ep_rank: 0,
             ep_group: Group::new("ep", vec![rank]),
             edp_group: self.group_varying(rank, "edp", [false, true, true, false]),
+            expert_tensor_parallel_size: 1,
+            etp_rank: 0,
+            etp_group: Group::new("etp", vec![rank]),
+            expert_mp_group: Group::new("expert-mp", vec![rank]),
         }
     }
 }
@@ -126,8 +130,8 @@ pub struct ParallelContext {
     /// First and last pipeline stage of this pipeline (tied embeddings).
     pub embedding_group: Group,
     pub comm: Arc<dyn Communicator>,
-    /// Expert grid (SPEC §5.1 "parallel folding", expert TP = 1 here): `--expert-model-parallel-size`,
-    /// 1 unless [`ParallelContext::with_expert_parallel`] set it.
+    /// Expert grid (SPEC §5.1 "parallel folding", [`ParallelContext::with_expert_grid`]):
+    /// `--expert-model-parallel-size`, 1 unless that set it.
     pub expert_model_parallel_size: usize,
     /// This rank's position in `ep_group`.
     pub ep_rank: usize,
@@ -136,6 +140,15 @@ pub struct ParallelContext {
     /// Expert-data-parallel group: the replicas of this rank's experts; expert gradients are
     /// reduced over it instead of the DP×CP group (SPEC §5.8). With ep = 1 it is the DP×CP group.
     pub edp_group: Group,
+    /// `--expert-tensor-parallel-size`: each expert's fc1 is split by columns and fc2 by rows
+    /// over `etp_group` (1 unless [`ParallelContext::with_expert_grid`] set it).
+    pub expert_tensor_parallel_size: usize,
+    /// This rank's position in `etp_group`.
+    pub etp_rank: usize,
+    pub etp_group: Group,
+    /// The ranks of this stage that together hold one copy of every expert (etp × ep ranks):
+    /// the gradient norm adds the experts' squares up over it.
+    pub expert_mp_group: Group,
 }
 
 impl std::fmt::Debug for ParallelContext {
@@ -176,33 +189,57 @@ impl ParallelContext {
         self.pp_rank + 1 == self.grid.pp
     }
 
-    /// This context with `ep`-way expert parallelism (SPEC §5.1, §5.8): the expert grid is
-    /// carved out of the DP×CP ranks of each (tp, pp) position — position `q = cp_rank +
-    /// cp·dp_rank` there has expert-parallel rank `q % ep` and expert-data-parallel rank
-    /// `q / ep`, so the EP group is `ep` consecutive DP×CP ranks. Expert TP equals 1 (no
-    /// expert sharding over TP): `ep > 1` with tp > 1 is refused.
-    pub fn with_expert_parallel(mut self, ep: usize) -> Result<ParallelContext> {
-        let dp_cp = self.grid.group_varying(self.rank, "dp-cp", [false, true, true, false]).ranks;
-        if ep == 0 || !dp_cp.len().is_multiple_of(ep) {
+    /// This context with `ep`-way expert parallelism and expert TP 1 (see
+    /// [`ParallelContext::with_expert_grid`]).
+    pub fn with_expert_parallel(self, ep: usize) -> Result<ParallelContext> {
+        self.with_expert_grid(ep, 1)
+    }
+
+    /// Whether the experts are sharded over ranks (ep · etp > 1): expert weights then differ
+    /// between ranks of a stage and are reduced over `edp_group`, not the DP×CP group.
+    pub fn experts_sharded(&self) -> bool {
+        self.expert_model_parallel_size * self.expert_tensor_parallel_size > 1
+    }
+
+    /// This context with the expert grid of SPEC §5.1 "parallel folding": the `tp·cp·dp`
+    /// ranks of this pipeline stage (position `q = tp_rank + tp·(cp_rank + cp·dp_rank)`,
+    /// the grid's own order) are regrouped as `etp × ep × edp`, etp fastest: expert-TP rank
+    /// `q % etp`, expert-parallel rank `(q / etp) % ep`, expert-data-parallel rank
+    /// `q / (etp·ep)`. With tp = 1 and etp = 1 the EP group is `ep` consecutive DP×CP ranks.
+    /// With `ep = etp = 1` nothing changes: the experts are replicated like dense weights.
+    pub fn with_expert_grid(mut self, ep: usize, etp: usize) -> Result<ParallelContext> {
+        let stage: Vec<usize> = self.grid.group_varying(self.rank, "stage", [true, true, true, false]).ranks;
+        if ep == 0 || etp == 0 || !stage.len().is_multiple_of(ep * etp) {
             bail!(
-                "--expert-model-parallel-size {ep} must divide data-parallel x context-parallel size {}",
-                dp_cp.len()
+                "--expert-model-parallel-size {ep} x --expert-tensor-parallel-size {etp} must divide \
+                 tensor- x data- x context-parallel size {}",
+                stage.len()
             );
         }
-        if ep > 1 && self.grid.tp > 1 {
-            bail!(
-                "--expert-model-parallel-size {ep} with --tensor-model-parallel-size {} needs expert tensor \
-                 parallelism, which is not implemented: use tp 1 with ep > 1",
-                self.grid.tp
-            );
+        if ep * etp == 1 {
+            return Ok(self);
         }
-        let q = dp_cp.iter().position(|&r| r == self.rank).unwrap_or(0);
-        let start = q / ep * ep;
-        self.ep_group = Group::new(format!("ep{}", dp_cp[start]), dp_cp[start..start + ep].to_vec());
-        self.edp_group =
-            Group::new(format!("edp{}", dp_cp[q % ep]), dp_cp.iter().skip(q % ep).step_by(ep).copied().collect());
-        self.ep_rank = q - start;
+        let q = stage.iter().position(|&r| r == self.rank).unwrap_or(0);
+        let (etp_rank, ep_rank, edp_rank) = (q % etp, (q / etp) % ep, q / (etp * ep));
+        let pick = |f: &dyn Fn(usize, usize, usize) -> bool| -> Vec<usize> {
+            stage
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| f(i % etp, (i / etp) % ep, i / (etp * ep)))
+                .map(|(_, &r)| r)
+                .collect()
+        };
+        let ep_ranks = pick(&|t, _, d| t == etp_rank && d == edp_rank);
+        let etp_ranks = pick(&|_, e, d| e == ep_rank && d == edp_rank);
+        let edp_ranks = pick(&|t, e, _| t == etp_rank && e == ep_rank);
+        let mp_ranks = pick(&|_, _, d| d == edp_rank);
+        self.ep_group = Group::new(format!("ep{}", ep_ranks[0]), ep_ranks);
+        self.etp_group = Group::new(format!("etp{}", etp_ranks[0]), etp_ranks);
+        self.edp_group = Group::new(format!("edp{}", edp_ranks[0]), edp_ranks);
+        self.expert_mp_group = Group::new(format!("expert-mp{}", mp_ranks[0]), mp_ranks);
+        (self.ep_rank, self.etp_rank) = (ep_rank, etp_rank);
         self.expert_model_parallel_size = ep;
+        self.expert_tensor_parallel_size = etp;
         Ok(self)
     }
 }
@@ -274,7 +311,23 @@ mod tests {
         assert_eq!(ctx(6).edp_group.ranks, vec![4, 6]);
         assert_eq!(g.context(5, Arc::new(SingleRankCommunicator)).edp_group.ranks, vec![4, 5, 6, 7]);
         assert!(g.context(0, Arc::new(SingleRankCommunicator)).with_expert_parallel(3).is_err());
-        let tp2 = RankGrid::new(4, 2, 1, 1).unwrap();
-        assert!(tp2.context(0, Arc::new(SingleRankCommunicator)).with_expert_parallel(2).is_err());
+    }
+
+    #[test]
+    fn expert_grid_folds_over_tensor_and_data_parallel() {
+        // W=8, tp=2, dp=4: q = rank. ep2·etp1: EP = [0,1], EDP = [0,2,4,6].
+        let g = RankGrid::new(8, 2, 1, 1).unwrap();
+        let ctx = |r, ep, etp| g.context(r, Arc::new(SingleRankCommunicator)).with_expert_grid(ep, etp).unwrap();
+        let c = ctx(3, 2, 1);
+        assert_eq!((c.ep_group.ranks.clone(), c.ep_rank, c.edp_group.ranks.clone()), (vec![2, 3], 1, vec![1, 3, 5, 7]));
+        assert_eq!((c.etp_group.ranks.clone(), c.expert_mp_group.ranks.clone()), (vec![3], vec![2, 3]));
+        // ep2·etp2: ETP = [4,5], EP = [4,6], EDP = [4,0], expert-MP = [4..8).
+        let c = ctx(4, 2, 2);
+        assert_eq!((c.etp_group.ranks.clone(), c.etp_rank), (vec![4, 5], 0));
+        assert_eq!((c.ep_group.ranks.clone(), c.ep_rank), (vec![4, 6], 0));
+        assert_eq!(c.edp_group.ranks, vec![0, 4]);
+        assert_eq!(c.expert_mp_group.ranks, vec![4, 5, 6, 7]);
+        assert!(c.experts_sharded() && !ctx(4, 1, 1).experts_sharded());
+        assert!(g.context(0, Arc::new(SingleRankCommunicator)).with_expert_grid(4, 4).is_err());
     }
 }

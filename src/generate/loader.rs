@@ -128,25 +128,7 @@ pub fn check_config_against_tensors(
     ckpt: &megatron_checkpoint::LoadedCheckpoint,
 ) -> Result<()> {
     let meta = ckpt.dir().join("metadata.json");
-    let stored: Vec<(&String, &megatron_checkpoint::TensorEntry)> = ckpt
-        .metadata
-        .tensors
-        .iter()
-        .filter(|(k, _)| !k.starts_with(megatron_checkpoint::metadata::OPTIMIZER_PREFIX))
-        .collect();
-    let layers: std::collections::BTreeSet<usize> =
-        stored.iter().filter_map(|(k, _)| k.strip_prefix("decoder.layers.")?.split('.').next()?.parse().ok()).collect();
-    let contiguous = layers.iter().enumerate().all(|(i, &l)| i == l);
-    if layers.len() != config.num_layers || !contiguous {
-        bail!(
-            "{}: args say num_layers {}, but the checkpoint stores {} decoder layers{}: the metadata is \
-             corrupted or belongs to another checkpoint",
-            meta.display(),
-            config.num_layers,
-            layers.len(),
-            if contiguous { String::new() } else { format!(" with gaps ({layers:?})") }
-        );
-    }
+    let stored = check_layer_count(config, ckpt)?;
     let expected = megatron_gpt::gpt_param_shapes(config, padded);
     for (name, shape) in &expected {
         let Some(entry) = ckpt.metadata.tensors.get(name) else {
@@ -181,6 +163,76 @@ pub fn check_config_against_tensors(
         );
     }
     Ok(())
+}
+
+/// The stored model tensors, after checking that they hold exactly `config.num_layers`
+/// contiguous decoder layers (before anything is allocated from the args).
+fn check_layer_count<'a>(
+    config: &GptConfig,
+    ckpt: &'a megatron_checkpoint::LoadedCheckpoint,
+) -> Result<Vec<(&'a String, &'a megatron_checkpoint::TensorEntry)>> {
+    let meta = ckpt.dir().join("metadata.json");
+    let stored: Vec<(&String, &megatron_checkpoint::TensorEntry)> = ckpt
+        .metadata
+        .tensors
+        .iter()
+        .filter(|(k, _)| !k.starts_with(megatron_checkpoint::metadata::OPTIMIZER_PREFIX))
+        .collect();
+    let layers: std::collections::BTreeSet<usize> =
+        stored.iter().filter_map(|(k, _)| k.strip_prefix("decoder.layers.")?.split('.').next()?.parse().ok()).collect();
+    let contiguous = layers.iter().enumerate().all(|(i, &l)| i == l);
+    if layers.len() != config.num_layers || !contiguous {
+        bail!(
+            "{}: args say num_layers {}, but the checkpoint stores {} decoder layers{}: the metadata is \
+             corrupted or belongs to another checkpoint",
+            meta.display(),
+            config.num_layers,
+            layers.len(),
+            if contiguous { String::new() } else { format!(" with gaps ({layers:?})") }
+        );
+    }
+    Ok(stored)
+}
+
+/// An MoE checkpoint (`num_experts` in its args): the GPT whose MLP slots the registry's `moe`
+/// plugin fills, checked to hold exactly the stored tensors (names here, shapes in
+/// `load_params`).
+fn build_moe_model(
+    registry: &Registry,
+    config: GptConfig,
+    moe: Value,
+    backend: Arc<dyn Backend>,
+    ckpt: &megatron_checkpoint::LoadedCheckpoint,
+) -> Result<GptModel> {
+    let stored = check_layer_count(&config, ckpt)?;
+    if moe["moe_router_enable_expert_bias"].as_bool() == Some(true) {
+        println!(
+            "WARNING: {} was trained with --moe-router-enable-expert-bias; the expert bias is not stored in \
+             checkpoints, so routing here uses a zero bias",
+            ckpt.dir().display()
+        );
+    }
+    let provider = registry.mlp_provider("moe", moe).with_context(|| {
+        format!(
+            "checkpoint {} is a Mixture-of-Experts model (num_experts in its args): load the plugin with \
+             `megatron --plugin libmegatron_moe.so ...` or build megatron with --features moe",
+            ckpt.dir().display()
+        )
+    })?;
+    let spec =
+        megatron_transformer::WithMlpProvider { inner: &megatron_transformer::LocalSpecProvider, mlp: &provider };
+    let model = GptModel::with_provider(config, backend, ParallelContext::single(), &spec)?;
+    let params = megatron_core::Model::params(&model);
+    let names: std::collections::BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
+    let extra: Vec<&str> = stored.iter().map(|(k, _)| k.as_str()).filter(|k| !names.contains(k)).take(3).collect();
+    if !extra.is_empty() {
+        bail!(
+            "{}: the checkpoint stores tensors the args' MoE model does not have (e.g. {extra:?}): its MoE args \
+             (num_experts, moe_layer_freq, moe_shared_expert_intermediate_size) do not match the weights",
+            ckpt.dir().join("metadata.json").display()
+        );
+    }
+    Ok(model)
 }
 
 /// The tokenizer named by the flags, else by the checkpoint's args; a checkpoint trained on
@@ -232,12 +284,18 @@ pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> 
         );
     }
     let config = gpt_config_from_args(&args, vocab_size, padded, dir)?;
+    let moe = crate::moe_args::plugin_config_from_stored_args(&args);
     // Nothing is allocated from the metadata's word alone: the model the args describe must be
     // exactly the tensors stored (whose sizes were checked against the shard files).
-    check_config_against_tensors(&config, padded, &ckpt)?;
+    if moe.is_none() {
+        check_config_against_tensors(&config, padded, &ckpt)?;
+    }
     let backend: Arc<dyn Backend> =
         registry.backend(&flags.backend, json!({ "threads": flags.threads })).context("building the backend")?;
-    let mut model = GptModel::new(config, backend.clone(), ParallelContext::single())?;
+    let mut model = match moe {
+        None => GptModel::new(config, backend.clone(), ParallelContext::single())?,
+        Some(moe) => build_moe_model(registry, config, moe, backend.clone(), &ckpt)?,
+    };
     {
         let mut params = megatron_core::Model::params_mut(&mut model);
         ckpt.load_params(&mut params, backend.as_ref())

@@ -209,6 +209,20 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
              SwiGLU, --disable-bias-linear) export to Hugging Face"
         );
     }
+    let dtype = export_dtype(args.dtype.as_deref(), &loaded.args)?;
+    let bos = loaded.tokenizer.special_ids().bos;
+    // An MoE checkpoint (`num_experts` in its args) exports as MixtralForCausalLM.
+    let moe = crate::moe_args::plugin_config_from_stored_args(&loaded.args);
+    let (tensors, mut config) = match &moe {
+        Some(moe) => {
+            let config = super::import_mixtral::hf_mixtral_config(&loaded.model, moe, bos, loaded.eod)?;
+            let experts = moe["num_experts"].as_u64().unwrap_or(0) as usize;
+            let tensors = super::import_mixtral::export_hf_mixtral(&loaded.model, c, experts, c.vocab_size)?;
+            (tensors, config)
+        }
+        None if llama => (hf_tensors(&loaded.model)?, hf_llama_config(&loaded.model, bos, loaded.eod)),
+        None => (hf_tensors(&loaded.model)?, hf_config(&loaded.model, loaded.eod)),
+    };
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     let name = out.file_name().context("--out needs a directory name")?.to_string_lossy().to_string();
@@ -216,12 +230,7 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
 
-    let dtype = export_dtype(args.dtype.as_deref(), &loaded.args)?;
-    let tensors = hf_tensors(&loaded.model)?;
     write_synced(&tmp.join("model.safetensors"), &safetensors_bytes_as(&tensors, dtype)?)?;
-    let bos = loaded.tokenizer.special_ids().bos;
-    let mut config =
-        if llama { hf_llama_config(&loaded.model, bos, loaded.eod) } else { hf_config(&loaded.model, loaded.eod) };
     config["torch_dtype"] = json!(torch_dtype(dtype));
     write_synced(&tmp.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     let bos = if llama { json!(bos) } else { json!(loaded.eod) };

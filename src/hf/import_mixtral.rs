@@ -168,6 +168,55 @@ pub fn export_hf_mixtral(
     Ok(out)
 }
 
+/// The Hugging Face `config.json` of a Mixtral-shaped `model` with the `moe` plugin config
+/// `moe` (from the checkpoint's args): the Llama config plus the experts. Refuses what
+/// `MixtralForCausalLM` cannot express (dense layers, shared experts, sigmoid scores, scaled
+/// gates, capacity dropping).
+pub fn hf_mixtral_config(model: &megatron_gpt::GptModel, moe: &Value, bos: Option<u32>, eos: i32) -> Result<Value> {
+    let c = model.config();
+    let unsupported: [(&str, bool); 6] = [
+        (
+            "--moe-layer-freq other than 1 (dense layers)",
+            !matches!(moe.get("moe_layer_freq"), None | Some(Value::Null)) && moe["moe_layer_freq"] != json!(1),
+        ),
+        ("--moe-shared-expert-intermediate-size", !moe["moe_shared_expert_intermediate_size"].is_null()),
+        (
+            "--moe-router-score-function sigmoid",
+            moe["moe_router_score_function"].as_str().is_some_and(|f| f != "softmax"),
+        ),
+        ("--moe-router-topk-scaling-factor", !moe["moe_router_topk_scaling_factor"].is_null()),
+        ("--moe-expert-capacity-factor", !moe["moe_expert_capacity_factor"].is_null()),
+        ("--moe-router-enable-expert-bias", moe["moe_router_enable_expert_bias"].as_bool() == Some(true)),
+    ];
+    if let Some((what, _)) = unsupported.iter().find(|(_, bad)| *bad) {
+        bail!(
+            "this MoE checkpoint uses {what}, which Mixtral (MixtralForCausalLM) cannot express; it cannot be exported"
+        );
+    }
+    if !crate::hf::export::is_llama(model) {
+        bail!("Mixtral export needs a Llama-shaped model (RoPE, RMSNorm, SwiGLU, --disable-bias-linear)");
+    }
+    let field = |k: &str| moe[k].as_u64().with_context(|| format!("the checkpoint's MoE args have no integer `{k}`"));
+    let mut cfg = crate::hf::export::hf_llama_config(model, bos, eos);
+    cfg["architectures"] = json!(["MixtralForCausalLM"]);
+    cfg["model_type"] = json!("mixtral");
+    cfg["num_local_experts"] = json!(field("num_experts")?);
+    cfg["num_experts_per_tok"] = json!(field("moe_router_topk")?);
+    cfg["intermediate_size"] = json!(moe["moe_ffn_hidden_size"].as_u64().unwrap_or(c.ffn_hidden_size() as u64));
+    cfg["router_aux_loss_coef"] = json!(moe["moe_aux_loss_coeff"].as_f64().unwrap_or(0.0));
+    // f32 values as the shortest decimal that reads back to them (1e-5, not 9.99999974e-6).
+    let short = |v: f32| v.to_string().parse::<f64>().unwrap_or(v as f64);
+    cfg["rms_norm_eps"] = json!(short(c.layernorm_epsilon));
+    cfg["output_router_logits"] = json!(false);
+    cfg["sliding_window"] = Value::Null;
+    for k in ["mlp_bias", "head_dim", "partial_rotary_factor"] {
+        if let Some(o) = cfg.as_object_mut() {
+            o.remove(k);
+        }
+    }
+    Ok(cfg)
+}
+
 /// `megatron import hf` for a Mixtral directory (single `model.safetensors`): builds the GPT
 /// with the registry's `moe` plugin (`--plugin libmegatron_moe.so` or feature `moe`), loads the
 /// weights and saves iteration 0 with the MoE flags in its args.

@@ -40,6 +40,7 @@ pub fn build_trainer_with_comm(
             "ddp_bucket_size": a.ddp_bucket_size,
             "overlap_grad_reduce": a.overlap_grad_reduce,
             "expert_model_parallel_size": a.moe.expert_model_parallel_size,
+            "expert_tensor_parallel_size": a.moe.expert_tensor_parallel_size,
         }),
     )?;
     let ctx = strategy.build_context(comm)?;
@@ -138,7 +139,14 @@ pub fn build_trainer_with_comm(
     anyhow::ensure!(train.is_some(), "the --split string gives the training split no data");
 
     // `--num-experts`: the `moe` plugin fills the MLP slots (an error naming the plugin otherwise);
-    // with --expert-model-parallel-size > 1 the strategy folded the expert grid over DP (§5.8).
+    // with --expert-model-parallel-size / --expert-tensor-parallel-size the strategy folded the
+    // expert grid over TP×DP (§5.8), and the plugin splits the tokens over TP itself.
+    anyhow::ensure!(
+        !(a.sequence_parallel && ctx.tp_size() > 1 && ctx.experts_sharded()),
+        "--sequence-parallel with sharded experts (--expert-model-parallel-size x --expert-tensor-parallel-size > 1 \
+         at --tensor-model-parallel-size > 1) is not implemented: drop --sequence-parallel (the moe plugin splits \
+         the tokens over TP itself)"
+    );
     let moe_provider = match a.moe.plugin_config(cfg.num_microbatches) {
         Some(config) => Some(registry.mlp_provider("moe", config)?),
         None => None,

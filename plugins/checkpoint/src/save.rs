@@ -76,9 +76,13 @@ fn prepare(dir: &Path, iteration: u64) -> Result<()> {
 /// once, by the original's stage; loading finds it by its (identical) name.
 /// Expert weights (`expert_parallel`) are stored by their expert-data-parallel rank 0 (SPEC
 /// §5.8), named by global expert id, so a checkpoint saved at one EP size loads at another.
+/// Sharded experts (ep · etp > 1) are whole on every rank of their expert-TP group with
+/// etp = 1 whatever the dense TP rank, so the replica test is on the expert-TP rank.
 fn stores(layout: &ParamLayout, ctx: &ParallelContext) -> bool {
+    let sharded_expert = layout.expert_parallel && ctx.experts_sharded();
     let writer = if layout.expert_parallel { expert_writer(ctx) } else { dense_writer(ctx) };
-    writer && !layout.shared_copy && (layout.tp_axis.is_some() || ctx.tp_rank == 0)
+    let tp_replica0 = if sharded_expert { ctx.etp_rank == 0 } else { ctx.tp_rank == 0 };
+    writer && !layout.shared_copy && (layout.tp_axis.is_some() || tp_replica0)
 }
 
 fn dense_writer(ctx: &ParallelContext) -> bool {
@@ -90,13 +94,18 @@ fn expert_writer(ctx: &ParallelContext) -> bool {
     ctx.edp_group.ranks.first() == Some(&ctx.rank)
 }
 
-/// The shard file of this rank: expert-parallel ranks after the first get their own file.
+/// The shard file of this rank: expert-parallel (and expert-TP) ranks after the first get
+/// their own file; (tp, pp, ep, etp) is unique among the ranks that write.
 fn file_name(ctx: &ParallelContext) -> String {
     let base = shard_file_name(ctx.tp_rank, ctx.pp_rank);
-    match ctx.ep_rank {
-        0 => base,
-        ep => base.replace(".safetensors", &format!("_ep{ep:03}.safetensors")),
+    let mut suffix = String::new();
+    if ctx.ep_rank > 0 {
+        suffix += &format!("_ep{:03}", ctx.ep_rank);
     }
+    if ctx.etp_rank > 0 {
+        suffix += &format!("_etp{:03}", ctx.etp_rank);
+    }
+    base.replace(".safetensors", &format!("{suffix}.safetensors"))
 }
 
 /// A tensor ready for the safetensors file.

@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         let mut sizes: Vec<usize> = (1..=experts).map(|w| w * rows / total).collect();
         sizes[0] += rows - sizes.iter().sum::<usize>();
         let make = |grouped| {
-            Experts::new(backend.clone(), "bench", (0, experts), (hidden, ffn), true, grouped, (0.02, 0.02, 1))
+            Experts::new(backend.clone(), "bench", (0, experts), (hidden, ffn), (0, 1), true, grouped, (0.02, 0.02, 1))
         };
         let mut variants = [make(true)?, make(false)?];
         let x: Vec<f32> = (0..rows * hidden).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();

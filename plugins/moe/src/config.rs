@@ -85,6 +85,10 @@ pub struct MoeConfig {
     pub moe_token_dispatcher_type: String,
     #[serde(default = "one")]
     pub expert_model_parallel_size: usize,
+    /// `--expert-tensor-parallel-size`: every expert's fc1 split by output columns and fc2 by
+    /// input rows over this many ranks (default 1; Megatron's default is the dense TP size).
+    #[serde(default = "one")]
+    pub expert_tensor_parallel_size: usize,
     /// One grouped GEMM per matmul over the local experts (`false`: one GEMM call per expert,
     /// the reference the benchmark compares against).
     #[serde(default = "yes")]
@@ -143,6 +147,9 @@ impl MoeConfig {
                 c.num_experts,
                 c.expert_model_parallel_size
             );
+        }
+        if c.expert_tensor_parallel_size == 0 {
+            bail!("--expert-tensor-parallel-size must be >= 1");
         }
         if let Some(cf) = c.moe_expert_capacity_factor {
             if !(cf > 0.0 && cf.is_finite()) {

@@ -1,13 +1,20 @@
-//! Token movement for expert parallelism (SPEC §4.12 "Dispatchers", §5.8). The expert-parallel
-//! group is cut from the data-parallel group (Megatron's parallel folding with tp = cp = 1):
-//! `ep` consecutive DP ranks share the experts, rank `r` of it holding experts
-//! `[r·E/ep, (r+1)·E/ep)`. Rows are host f32 vectors of a fixed width.
+//! Token movement for expert parallelism (SPEC §4.12 "Dispatchers", §5.8). The expert grid
+//! (`etp × ep × edp`) is cut from the TP×DP ranks of a pipeline stage (Megatron's parallel
+//! folding, `ParallelContext::with_expert_grid`): EP rank `r` holds experts
+//! `[r·E/ep, (r+1)·E/ep)`, each split over its expert-TP group. When the grid spans TP ranks,
+//! each TP rank dispatches its own share of the (TP-replicated) tokens. Rows are host f32
+//! vectors of a fixed width.
 //!
 //! * `alltoall`: tokens are permuted by expert, sent to the expert's rank with
 //!   [`Communicator::all_to_all`] (variable splits), regrouped by local expert, computed, and
 //!   sent back the same way.
 //! * `allgather`: every rank all-gathers all tokens and routes, computes its experts' share and
 //!   a reduce-scatter sums the shares back to the token owners.
+//! * expert TP (etp > 1, both dispatchers): the rows an expert-TP member received are
+//!   all-gathered over the expert-TP group (variable counts), every member computes its
+//!   column/row slice of the experts (partial outputs), and a reduce-scatter sums the partial
+//!   outputs back to the member that received the rows ([`EpGroup::all_gather_v`],
+//!   [`EpGroup::reduce_scatter_v`]); backward does the same with `dZ` and `[dx | dgate]`.
 
 use anyhow::{bail, Result};
 use megatron_core::{Backend, Communicator, DType, DeviceTensor, Group, HostBuffer, ParallelContext, ReduceOp};
@@ -25,26 +32,17 @@ pub struct EpGroup {
 }
 
 impl EpGroup {
-    /// The EP group of `ctx` (its expert grid, `ParallelContext::with_expert_parallel`), or,
-    /// for a context built without one (layer-level tests), the same grid derived here.
+    /// The EP group of `ctx` (its expert grid, `ParallelContext::with_expert_grid`), or, for a
+    /// context built without one (layer-level tests), the same grid derived here.
     pub fn new(ctx: &ParallelContext, backend: Arc<dyn Backend>, ep: usize) -> Result<EpGroup> {
-        if ep > 1 && (ctx.tp_size() > 1 || ctx.grid.cp > 1) {
-            bail!(
-                "--expert-model-parallel-size {ep} with tensor or context parallelism is not implemented in the moe \
-                 plugin (expert-TP and the TP×EP dispatch); use tp = cp = 1 with ep > 1"
-            );
-        }
-        let ctx = if ctx.expert_model_parallel_size == ep {
-            ctx.clone()
-        } else if ctx.expert_model_parallel_size == 1 {
-            ctx.clone().with_expert_parallel(ep)?
-        } else {
-            bail!(
-                "the moe plugin was configured for --expert-model-parallel-size {ep} but the parallel context has {}",
-                ctx.expert_model_parallel_size
-            );
-        };
-        Ok(EpGroup { group: ctx.ep_group.clone(), rank: ctx.ep_rank, size: ep, comm: ctx.comm.clone(), backend })
+        let ctx = expert_grid(ctx, ep, 1)?;
+        Ok(EpGroup::of(&ctx, ctx.ep_group.clone(), backend))
+    }
+
+    /// The member of `group` that `ctx`'s rank is.
+    pub fn of(ctx: &ParallelContext, group: Group, backend: Arc<dyn Backend>) -> EpGroup {
+        let rank = group.ranks.iter().position(|&r| r == ctx.rank).unwrap_or(0);
+        EpGroup { size: group.size(), group, rank, comm: ctx.comm.clone(), backend }
     }
 
     fn tensor(&self, v: Vec<f32>, rows: usize, width: usize) -> Result<DeviceTensor> {
@@ -68,6 +66,27 @@ impl EpGroup {
         Ok(out.host_f32()?.to_vec())
     }
 
+    /// Every member's rows, in group order, when member `r` has `counts[r]` rows (an
+    /// all-to-all sending this member's rows to everyone).
+    pub fn all_gather_v(&self, rows: Vec<f32>, width: usize, counts: &[usize]) -> Result<Vec<f32>> {
+        let send = vec![counts[self.rank]; self.size];
+        let input: Vec<f32> = (0..self.size).flat_map(|_| rows.iter().copied()).collect();
+        self.all_to_all(input, width, &send, counts)
+    }
+
+    /// The inverse of [`EpGroup::all_gather_v`] for partial sums: `rows` holds a partial
+    /// value of every member's rows (block `r` of `counts[r]` rows); returns the sum over the
+    /// members of this member's block, added in member order (deterministic).
+    pub fn reduce_scatter_v(&self, rows: Vec<f32>, width: usize, counts: &[usize]) -> Result<Vec<f32>> {
+        let mine = counts[self.rank] * width;
+        let got = self.all_to_all(rows, width, counts, &vec![counts[self.rank]; self.size])?;
+        let mut out = vec![0.0f32; mine];
+        for part in got.chunks(mine.max(1)).take(self.size) {
+            out.iter_mut().zip(part).for_each(|(o, v)| *o += v);
+        }
+        Ok(out)
+    }
+
     /// This member's share of the sum of everybody's `rows` (equal shares along dim 0).
     pub fn reduce_scatter(&self, rows: Vec<f32>, width: usize) -> Result<Vec<f32>> {
         let n = rows.len() / width.max(1);
@@ -75,6 +94,29 @@ impl EpGroup {
         let mut out = self.backend.zeros(&[n / self.size, width], DType::F32)?;
         self.comm.reduce_scatter(&self.group, &input, &mut out, ReduceOp::Sum)?;
         Ok(out.host_f32()?.to_vec())
+    }
+}
+
+/// `ctx` with the expert grid `ep × etp` (SPEC §5.1 parallel folding): `ctx` itself when the
+/// strategy built it so, else derived from its dense grid (layer-level tests build plain
+/// contexts). Context parallelism with sharded experts is refused.
+pub fn expert_grid(ctx: &ParallelContext, ep: usize, etp: usize) -> Result<ParallelContext> {
+    if ep * etp > 1 && ctx.grid.cp > 1 {
+        bail!(
+            "--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp} with context parallelism is not \
+             implemented in the moe plugin; use cp = 1 with sharded experts"
+        );
+    }
+    let (have_ep, have_etp) = (ctx.expert_model_parallel_size, ctx.expert_tensor_parallel_size);
+    if (have_ep, have_etp) == (ep, etp) {
+        Ok(ctx.clone())
+    } else if (have_ep, have_etp) == (1, 1) {
+        ctx.clone().with_expert_grid(ep, etp)
+    } else {
+        bail!(
+            "the moe plugin was configured for --expert-model-parallel-size {ep} --expert-tensor-parallel-size {etp} \
+             but the parallel context has {have_ep} and {have_etp}"
+        )
     }
 }
 

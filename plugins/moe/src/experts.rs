@@ -47,34 +47,36 @@ pub struct Experts {
 
 #[allow(clippy::too_many_arguments)]
 impl Experts {
-    /// Experts `first..first + count` (global ids) of the layer `prefix`.
+    /// Experts `first..first + count` (global ids) of the layer `prefix`, expert-TP slice
+    /// `etp_rank` of `etp`: fc1's output rows (each of SwiGLU's [gate; up] blocks on its own)
+    /// and fc2's input columns, `ffn / etp` of them (Megatron's column-/row-parallel experts).
+    /// Each weight is drawn whole and sliced, so values do not depend on the layout.
     pub fn new(
         backend: Arc<dyn Backend>,
         prefix: &str,
         (first, count): (usize, usize),
         (hidden, ffn): (usize, usize),
+        (etp_rank, etp): (usize, usize),
         swiglu: bool,
         grouped: bool,
         (std, out_std, seed): (f32, f32, u64),
     ) -> Result<Experts> {
         let gates = if swiglu { 2 } else { 1 };
+        let local_ffn = ffn / etp;
         let (mut fc1, mut fc2) = (Vec::new(), Vec::new());
         for e in first..first + count {
             let p = format!("{prefix}.experts.local_experts.{e}");
-            fc1.push(normal_param(
-                backend.as_ref(),
-                &format!("{p}.linear_fc1.weight"),
-                &[gates * ffn, hidden],
-                std,
-                seed,
-            )?);
-            fc2.push(normal_param(backend.as_ref(), &format!("{p}.linear_fc2.weight"), &[hidden, ffn], out_std, seed)?);
+            let w1 =
+                normal_param(backend.as_ref(), &format!("{p}.linear_fc1.weight"), &[gates * ffn, hidden], std, seed)?;
+            let w2 = normal_param(backend.as_ref(), &format!("{p}.linear_fc2.weight"), &[hidden, ffn], out_std, seed)?;
+            fc1.push(split_param(backend.as_ref(), w1, 0, gates, (etp_rank, etp))?);
+            fc2.push(split_param(backend.as_ref(), w2, 1, 1, (etp_rank, etp))?);
         }
         // Only this expert-parallel rank holds these experts (SPEC §5.8).
         for p in fc1.iter_mut().chain(fc2.iter_mut()) {
             p.layout.expert_parallel = true;
         }
-        Ok(Experts { backend, hidden, ffn, swiglu, grouped, fc1, fc2 })
+        Ok(Experts { backend, hidden, ffn: local_ffn, swiglu, grouped, fc1, fc2 })
     }
 
     /// The shared expert (SPEC §4.12 `--moe-shared-expert-intermediate-size`): one MLP of width
@@ -261,4 +263,43 @@ impl Experts {
         }
         Ok((dx.host_f32()?.to_vec(), dw))
     }
+}
+
+/// Slice `rank` of `size` of a whole 2-D `p` along `axis`, each of its `chunks` equal blocks
+/// along that axis split on its own; the layout records the split (checkpoints store the
+/// whole tensor whatever the split).
+fn split_param(
+    backend: &dyn Backend,
+    p: Param,
+    axis: usize,
+    chunks: usize,
+    (rank, size): (usize, usize),
+) -> Result<Param> {
+    if size == 1 {
+        return Ok(p);
+    }
+    let shape = p.value.shape().to_vec();
+    let (rows, cols) = (shape[0], shape[1]);
+    let v = p.value.host_f32()?;
+    let (local, values): (Vec<usize>, Vec<f32>) = if axis == 0 {
+        let (block, part) = (rows / chunks, rows / chunks / size);
+        let mut out = Vec::with_capacity(rows / size * cols);
+        for c in 0..chunks {
+            let r0 = c * block + rank * part;
+            out.extend_from_slice(&v[r0 * cols..(r0 + part) * cols]);
+        }
+        (vec![rows / size, cols], out)
+    } else {
+        let part = cols / size;
+        let out = v.chunks(cols).flat_map(|row| row[rank * part..(rank + 1) * part].iter().copied()).collect();
+        (vec![rows, part], out)
+    };
+    let mut layout = p.layout.clone();
+    (layout.tp_axis, layout.tp_rank, layout.tp_size, layout.tp_chunks) = (Some(axis), rank, size, chunks);
+    Ok(Param {
+        name: p.name,
+        value: backend.from_host(HostBuffer::F32(values), &local)?,
+        grad: backend.zeros(&local, DType::F32)?,
+        layout,
+    })
 }

@@ -9,7 +9,7 @@
 //! and are reported through `take_metrics`, with the tokens each expert processed.
 
 use crate::config::MoeConfig;
-use crate::dispatch::{gather_rows, scatter_rows, EpGroup};
+use crate::dispatch::{expert_grid, gather_rows, regroup, scatter_rows, EpGroup};
 use crate::experts::{ExpertSaved, Experts};
 use crate::init::normal_param;
 use crate::router::{self, Score};
@@ -36,6 +36,7 @@ struct Saved {
     splits: DeviceTensor,      // (2·ep) i32: alltoall send splits, then recv splits
     order: DeviceTensor,       // (M_recv) i32: regrouping of the received rows by local expert
     sizes: DeviceTensor,       // (E_local) i32: rows per local expert before capacity padding
+    etp_sizes: DeviceTensor,   // (etp·E_local) i32: rows per (expert-TP member, local expert)
     experts: ExpertSaved,
 }
 
@@ -47,6 +48,10 @@ pub struct MoeLayer {
     layer: usize,
     hidden: usize,
     ep: EpGroup,
+    /// Expert-TP group: every expert's fc1 columns / fc2 rows are split over it.
+    etp: EpGroup,
+    /// The TP group when the expert grid spans TP ranks (tokens split over it), else `None`.
+    tp: Option<EpGroup>,
     /// Experts per EP rank.
     local: usize,
     /// `{prefix}.router.weight` `(E, C)`.
@@ -72,12 +77,17 @@ impl MoeLayer {
     pub fn new(cfg: MoeConfig, env: &MlpEnv) -> Result<MoeLayer> {
         cfg.validate()?;
         let backend = env.backend.clone();
-        let (e, ep) = (cfg.num_experts, cfg.expert_model_parallel_size);
-        let group = EpGroup::new(&env.ctx, backend.clone(), ep)?;
+        let (e, ep, etp) = (cfg.num_experts, cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size);
+        let grid = expert_grid(&env.ctx, ep, etp)?;
+        let group = EpGroup::of(&grid, grid.ep_group.clone(), backend.clone());
+        let etp_group = EpGroup::of(&grid, grid.etp_group.clone(), backend.clone());
+        // The expert grid spans TP ranks: each TP rank dispatches its share of the tokens.
+        let tp = (grid.experts_sharded() && grid.tp_size() > 1)
+            .then(|| EpGroup::of(&grid, grid.tp_group.clone(), backend.clone()));
         let local = e / ep;
         let ffn = cfg.moe_ffn_hidden_size.unwrap_or(env.ffn_hidden_size);
-        if ffn == 0 {
-            bail!("--moe-ffn-hidden-size must be >= 1");
+        if ffn == 0 || !ffn.is_multiple_of(etp) {
+            bail!("--moe-ffn-hidden-size {ffn} must be >= 1 and divisible by --expert-tensor-parallel-size {etp}");
         }
         let router = normal_param(
             backend.as_ref(),
@@ -91,6 +101,7 @@ impl MoeLayer {
             &env.prefix,
             (group.rank * local, local),
             (env.hidden_size, ffn),
+            (etp_group.rank, etp),
             env.swiglu,
             cfg.moe_grouped_gemm,
             (env.init_method_std, env.output_init_std, env.seed),
@@ -119,6 +130,7 @@ impl MoeLayer {
             splits: zi()?,
             order: zi()?,
             sizes: zi()?,
+            etp_sizes: zi()?,
             experts: ExpertSaved::empty(bk)?,
         };
         Ok(MoeLayer {
@@ -127,6 +139,8 @@ impl MoeLayer {
             hidden: env.hidden_size,
             ctx: env.ctx.clone(),
             ep: group,
+            etp: etp_group,
+            tp,
             local,
             router,
             experts,
@@ -255,18 +269,52 @@ impl MoeLayer {
         a
     }
 
-    /// Pads every local expert's rows to the capacity (zero rows, zero gate) when asked.
-    fn padded(&self, n_tokens: usize) -> Option<usize> {
+    /// Pads every local expert's rows to the capacity (zero rows, zero gate) when asked; at
+    /// least the largest group (an expert receives rows from several EP/expert-TP ranks).
+    fn padded(&self, n_tokens: usize, sizes: &[usize]) -> Option<usize> {
         let (e, k) = (self.cfg.num_experts, self.cfg.moe_router_topk);
+        let most = sizes.iter().copied().max().unwrap_or(0);
         match (self.cfg.moe_pad_expert_input_to_capacity, self.cfg.moe_expert_capacity_factor) {
-            (true, Some(cf)) => Some(((n_tokens * k) as f64 / e as f64 * cf as f64).ceil() as usize),
+            (true, Some(cf)) => Some((((n_tokens * k) as f64 / e as f64 * cf as f64).ceil() as usize).max(most)),
             _ => None,
         }
     }
 
+    /// Experts on rows `[x | gate]` grouped by local expert (`sizes`); with expert TP the rows
+    /// of the whole expert-TP group are computed on this member's weight slices and the
+    /// partial outputs summed back (see the module doc of `dispatch`). Returns `Z (M, C)`.
+    fn run_experts(&mut self, rows: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
+        if self.etp.size == 1 {
+            return self.run_local_experts(rows, sizes, n);
+        }
+        let c = self.hidden;
+        let all: Vec<f32> = self.etp.all_gather(sizes.iter().map(|&v| v as f32).collect(), self.local)?;
+        let all: Vec<usize> = all.iter().map(|&v| v as usize).collect();
+        let m: Vec<usize> = all.chunks(self.local).map(|ch| ch.iter().sum()).collect();
+        let gathered = self.etp.all_gather_v(rows.to_vec(), c + 1, &m)?;
+        let (order, group_sizes) = regroup(&all, self.etp.size, self.local);
+        let z = self.run_local_experts(&gather_rows(&gathered, c + 1, &order), &group_sizes, n)?;
+        self.saved.etp_sizes = self.i32_tensor(&all)?;
+        self.etp.reduce_scatter_v(scatter_rows(&z, c, &order), c, &m)
+    }
+
+    /// Backward of [`Self::run_experts`]: `dz (M, C)` of this member's rows → rows `[dx | dgate]`.
+    fn backward_experts(&mut self, dz: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
+        if self.etp.size == 1 {
+            return self.backward_local_experts(dz, sizes, n);
+        }
+        let c = self.hidden;
+        let all: Vec<usize> = self.saved.etp_sizes.host_i32()?.iter().map(|&v| v as usize).collect();
+        let m: Vec<usize> = all.chunks(self.local).map(|ch| ch.iter().sum()).collect();
+        let gathered = self.etp.all_gather_v(dz.to_vec(), c, &m)?;
+        let (order, group_sizes) = regroup(&all, self.etp.size, self.local);
+        let rows = self.backward_local_experts(&gather_rows(&gathered, c, &order), &group_sizes, n)?;
+        self.etp.reduce_scatter_v(scatter_rows(&rows, c + 1, &order), c + 1, &m)
+    }
+
     /// Experts on rows `[x | gate]` grouped by local expert (`sizes`), optionally padded to
     /// capacity; returns `Z (M, C)` for the unpadded rows.
-    fn run_experts(&mut self, rows: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
+    fn run_local_experts(&mut self, rows: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
         let c = self.hidden;
         self.saved.sizes = self.i32_tensor(sizes)?;
         let (mut x, mut w): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
@@ -274,7 +322,7 @@ impl MoeLayer {
             x.extend_from_slice(&r[..c]);
             w.push(r[c]);
         }
-        let Some(cap) = self.padded(n) else {
+        let Some(cap) = self.padded(n, sizes) else {
             let m = w.len();
             let xt = self.backend.from_host(HostBuffer::F32(x), &[m, c])?;
             return self.experts.forward(xt, w, sizes, &mut self.saved.experts);
@@ -298,9 +346,9 @@ impl MoeLayer {
     }
 
     /// Experts' backward for unpadded `dz (M, C)`; returns rows `[dx | dgate]`.
-    fn backward_experts(&mut self, dz: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
+    fn backward_local_experts(&mut self, dz: &[f32], sizes: &[usize], n: usize) -> Result<Vec<f32>> {
         let c = self.hidden;
-        let (dx, dw) = match self.padded(n) {
+        let (dx, dw) = match self.padded(n, sizes) {
             None => self.experts.backward(&self.saved.experts, dz)?,
             Some(cap) => {
                 let mut pdz = Vec::new();
@@ -325,38 +373,35 @@ impl MoeLayer {
     fn counts_from_sizes(&self) -> Result<Vec<usize>> {
         Ok(self.saved.sizes.host_i32()?.iter().map(|&s| s as usize).collect())
     }
-}
 
-impl MlpModule for MoeLayer {
-    fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor, step: MlpStep) -> Result<()> {
-        let c = self.hidden;
-        let n = x.numel() / c;
-        let (idx, gate, kept) = self.route(x, n, step)?;
-        let xv = x.host_f32()?;
-        let mut o = if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
-            self.forward_allgather(xv, &idx, &gate, &kept, n)?
-        } else {
-            self.forward_alltoall(xv, &idx, &gate, &kept, n)?
-        };
-        if let Some(shared) = self.shared.as_mut() {
-            o.iter_mut().zip(shared.forward(xv)?).for_each(|(a, b)| *a += b);
+    /// This TP rank's tokens `[lo, hi)` of `n` when the experts are sharded over TP ranks
+    /// (each TP rank dispatches its equal share, SPEC §5.8; Megatron gets the same from
+    /// sequence parallelism), else all of them.
+    fn token_range(&self, n: usize) -> Result<(usize, usize)> {
+        match &self.tp {
+            None => Ok((0, n)),
+            Some(tp) => {
+                if !n.is_multiple_of(tp.size) {
+                    bail!(
+                        "the moe plugin splits a micro-batch's {n} tokens over the {} tensor-parallel ranks \
+                         (expert grid over TP): use --micro-batch-size x --seq-length divisible by it",
+                        tp.size
+                    );
+                }
+                let per = n / tp.size;
+                Ok((tp.rank * per, (tp.rank + 1) * per))
+            }
         }
-        if out.shape() != x.shape() || out.dtype() != DType::F32 {
-            *out = self.backend.zeros(x.shape(), DType::F32)?;
-        }
-        out.host_f32_mut()?.copy_from_slice(&o);
-        Ok(())
     }
 
-    fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
-        let (c, e, k) = (self.hidden, self.cfg.num_experts, self.cfg.moe_router_topk);
-        let n = x.numel() / c;
-        let dov = d_out.host_f32()?.to_vec();
+    /// Dispatcher backward for this rank's `n` tokens: `dov (n, C)` → `(dx (n, C), dgate (n, k))`.
+    fn dispatch_backward(&mut self, dov: &[f32], n: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (c, k) = (self.hidden, self.cfg.moe_router_topk);
         let perm: Vec<usize> = self.saved.perm.host_i32()?.iter().map(|&v| v as usize).collect();
         let sizes = self.counts_from_sizes()?;
         let (mut dx, mut dgate) = (vec![0.0f32; n * c], vec![0.0f32; n * k]);
         if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
-            let d_all = self.ep.all_gather(dov.clone(), c)?;
+            let d_all = self.ep.all_gather(dov.to_vec(), c)?;
             let dz: Vec<f32> = perm.iter().flat_map(|&a| d_all[(a / k) * c..(a / k + 1) * c].iter().copied()).collect();
             let rows = self.backward_experts(&dz, &sizes, n)?;
             let (mut pdx, mut pdg) = (vec![0.0f32; d_all.len()], vec![0.0f32; self.ep.size * n * k]);
@@ -387,6 +432,51 @@ impl MlpModule for MoeLayer {
                 dgate[a] = row[c];
             }
         }
+        Ok((dx, dgate))
+    }
+}
+
+impl MlpModule for MoeLayer {
+    fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor, step: MlpStep) -> Result<()> {
+        let c = self.hidden;
+        let n = x.numel() / c;
+        let (idx, gate, kept) = self.route(x, n, step)?;
+        let xv = x.host_f32()?;
+        // Routing ran on all `n` tokens (the same on every TP rank); the experts see this TP
+        // rank's share of them only when the expert grid spans TP ranks.
+        let (lo, hi) = self.token_range(n)?;
+        let (xs, k) = (&xv[lo * c..hi * c], self.cfg.moe_router_topk);
+        let (is, gs, ks) = (&idx[lo * k..hi * k], &gate[lo * k..hi * k], &kept[lo * k..hi * k]);
+        let o = if self.ep.size > 1 && self.cfg.moe_token_dispatcher_type == "allgather" {
+            self.forward_allgather(xs, is, gs, ks, hi - lo)?
+        } else {
+            self.forward_alltoall(xs, is, gs, ks, hi - lo)?
+        };
+        let mut o = match &self.tp {
+            Some(tp) => tp.all_gather(o, c)?,
+            None => o,
+        };
+        if let Some(shared) = self.shared.as_mut() {
+            o.iter_mut().zip(shared.forward(xv)?).for_each(|(a, b)| *a += b);
+        }
+        if out.shape() != x.shape() || out.dtype() != DType::F32 {
+            *out = self.backend.zeros(x.shape(), DType::F32)?;
+        }
+        out.host_f32_mut()?.copy_from_slice(&o);
+        Ok(())
+    }
+
+    fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
+        let (c, e, k) = (self.hidden, self.cfg.num_experts, self.cfg.moe_router_topk);
+        let n = x.numel() / c;
+        let dov = d_out.host_f32()?.to_vec();
+        // The experts' share (this TP rank's tokens), then all tokens' dx and gate gradients.
+        let (lo, hi) = self.token_range(n)?;
+        let (dx, dgate) = self.dispatch_backward(&dov[lo * c..hi * c], hi - lo)?;
+        let (mut dx, dgate) = match &self.tp {
+            Some(tp) => (tp.all_gather(dx, c)?, tp.all_gather(dgate, k)?),
+            None => (dx, dgate),
+        };
         if let Some(shared) = self.shared.as_mut() {
             shared.backward(x.host_f32()?, &dov, &mut dx)?;
         }
@@ -420,6 +510,7 @@ impl MlpModule for MoeLayer {
             &mut s.splits,
             &mut s.order,
             &mut s.sizes,
+            &mut s.etp_sizes,
         ];
         v.extend(s.experts.tensors_mut());
         if let Some(shared) = self.shared.as_mut() {

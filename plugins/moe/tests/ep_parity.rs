@@ -1,6 +1,8 @@
 //! Expert parallelism with ranks as threads (`local` communicator): ep = 2 against ep = 1 on
 //! the same tokens — outputs, input gradients, router and expert gradients within 1e-5
-//! relative — for the alltoall and allgather dispatchers, dropless and with capacity dropping.
+//! relative — for the alltoall and allgather dispatchers, dropless and with capacity dropping;
+//! and expert TP 2 over two ranks (each rank's expert weight slices get the slices of the
+//! summed gradient), also with capacity padding.
 //! Each EP rank routes its own tokens (as data-parallel ranks do); the ep = 1 reference runs
 //! the same two token sets through two full copies of the layer (identical initial weights:
 //! every tensor is drawn from its name).
@@ -43,6 +45,17 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
     assert_eq!(a.len(), b.len(), "{what}: lengths");
 }
 
+/// Rank `r`'s expert-TP slice (of 2) of a whole expert gradient: SwiGLU fc1 `(2F, C)` rows
+/// `[gate_r; up_r]`, fc2 `(C, F)` columns.
+fn etp_slice(name: &str, g: &[f32], r: usize) -> Vec<f32> {
+    let h = F / 2;
+    if name.ends_with("linear_fc1.weight") {
+        (0..2).flat_map(|blk| g[(blk * F + r * h) * C..(blk * F + (r + 1) * h) * C].to_vec()).collect()
+    } else {
+        g.chunks(F).flat_map(|row| row[r * h..(r + 1) * h].to_vec()).collect()
+    }
+}
+
 fn parity(extra: serde_json::Value) {
     let mut base = json!({"num_experts": 4, "moe_router_topk": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01});
     for (k, v) in extra.as_object().cloned().unwrap_or_default() {
@@ -67,7 +80,14 @@ fn parity(extra: serde_json::Value) {
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
-    for (r, (got, want)) in runs.iter().zip(&refs).enumerate() {
+    check(&extra, &runs, &refs, 2);
+}
+
+/// Ranks' outputs, input and router gradients equal the reference's for their tokens; expert
+/// gradients (`etp` = 2: this rank's slice) equal the sum over both token sets.
+fn check(extra: &serde_json::Value, runs: &[Run], refs: &[Run], experts_per_rank: usize) {
+    let etp = if experts_per_rank == 4 { 2 } else { 1 };
+    for (r, (got, want)) in runs.iter().zip(refs).enumerate() {
         assert_close(&got.out, &want.out, &format!("{extra} rank {r} output"));
         assert_close(&got.dx, &want.dx, &format!("{extra} rank {r} d x"));
         for (name, g) in &got.grads {
@@ -76,12 +96,46 @@ fn parity(extra: serde_json::Value) {
             } else {
                 // An expert's gradient sums both ranks' tokens.
                 let sum: Vec<f32> = refs[0].grads[name].iter().zip(&refs[1].grads[name]).map(|(a, b)| a + b).collect();
+                let sum = if etp == 2 { etp_slice(name, &sum, r) } else { sum };
                 assert_close(g, &sum, &format!("{extra} rank {r} {name}"));
             }
         }
         let experts = got.grads.keys().filter(|n| n.contains("local_experts")).count();
-        assert_eq!(experts, 4, "rank {r} holds 2 experts x 2 weights");
+        assert_eq!(experts, 2 * experts_per_rank, "rank {r} holds {experts_per_rank} experts x 2 weights");
     }
+}
+
+/// Expert TP 2 over the two ranks (each rank's experts split in halves; every expert on both).
+fn etp_parity(extra: serde_json::Value) {
+    let mut base = json!({"num_experts": 4, "moe_router_topk": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        base[k] = v;
+    }
+    let refs: Vec<Run> =
+        (0..2).map(|r| run(&mut layer(config(base.clone()), ParallelContext::single(), true), r)).collect();
+    let mut cfg = base.clone();
+    cfg["expert_tensor_parallel_size"] = json!(2);
+    let comms = LocalCommunicator::world(2, Duration::from_secs(20));
+    let grid = RankGrid::new(2, 1, 1, 1).expect("grid");
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let (ctx, cfg) = (grid.context(r, c.clone()), cfg.clone());
+                s.spawn(move || run(&mut layer(config(cfg), ctx, true), r))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    check(&extra, &runs, &refs, 4);
+}
+
+#[test]
+fn expert_tensor_parallel_matches_ep1_with_and_without_capacity_padding() {
+    etp_parity(json!({"moe_token_dispatcher_type": "alltoall"}));
+    etp_parity(json!({"moe_token_dispatcher_type": "allgather"}));
+    etp_parity(json!({"moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": true}));
 }
 
 #[test]

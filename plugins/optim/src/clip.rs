@@ -4,8 +4,10 @@
 //! model-parallel (TP×PP) group. Grads replicated over TP are identical on every TP rank, so
 //! only TP rank 0 counts them; a pipeline stage's copy of a parameter held by another stage
 //! (`ParamLayout::shared_copy`, the tied embedding on the last stage) is counted on the
-//! original only (SPEC §6.6). Expert weights (`ParamLayout::expert_parallel`) are held by one
-//! expert-parallel rank each: their squares and inf checks also reduce over the EP group.
+//! original only (SPEC §6.6). Sharded expert weights (`ParamLayout::expert_parallel` with
+//! ep · etp > 1) are held by one rank of the stage's expert grid each: their squares are summed
+//! over the pipeline group and the expert-model-parallel (etp × ep) group instead, and the inf
+//! check also reduces over that group.
 
 use anyhow::Result;
 use megatron_core::{Backend, Group, ParallelContext, Param, ReduceOp};
@@ -30,16 +32,16 @@ pub fn grad_norm_sharded(
     dp_group: Option<&Group>,
 ) -> Result<f64> {
     let mut sum = [0.0f64];
-    // Expert parallelism: each rank holds only its experts, whose squares are also summed
-    // over the expert-parallel group (Megatron's expert-model-parallel norm, SPEC §5.8).
-    let split_experts = ctx.ep_group.size() > 1;
+    // Expert parallelism: each rank of the stage's expert grid holds only its experts (or its
+    // expert-TP slice of them, whole or not on this TP rank), whose squares are summed over
+    // the pipeline and expert-model-parallel groups (Megatron's expert norm, SPEC §5.8).
+    let split_experts = ctx.experts_sharded();
     let mut experts = [0.0f64];
-    for p in params.iter().filter(|p| counts_on_this_rank(p, ctx)) {
-        let s = backend.sum_squares(&p.grad)?;
+    for p in params {
         if split_experts && p.layout.expert_parallel {
-            experts[0] += s;
-        } else {
-            sum[0] += s;
+            experts[0] += backend.sum_squares(&p.grad)?;
+        } else if counts_on_this_rank(p, ctx) {
+            sum[0] += backend.sum_squares(&p.grad)?;
         }
     }
     ctx.comm.all_reduce_f64(&ctx.mp_group, &mut sum, ReduceOp::Sum)?;
@@ -47,8 +49,8 @@ pub fn grad_norm_sharded(
         ctx.comm.all_reduce_f64(g, &mut sum, ReduceOp::Sum)?;
     }
     if split_experts {
-        ctx.comm.all_reduce_f64(&ctx.mp_group, &mut experts, ReduceOp::Sum)?;
-        ctx.comm.all_reduce_f64(&ctx.ep_group, &mut experts, ReduceOp::Sum)?;
+        ctx.comm.all_reduce_f64(&ctx.pp_group, &mut experts, ReduceOp::Sum)?;
+        ctx.comm.all_reduce_f64(&ctx.expert_mp_group, &mut experts, ReduceOp::Sum)?;
         sum[0] += experts[0];
     }
     Ok(sum[0].sqrt())
@@ -110,9 +112,9 @@ pub fn grads_have_inf_or_nan(params: &[&Param], backend: &dyn Backend, ctx: &Par
         }
     }
     ctx.comm.all_reduce_f64(&ctx.mp_group, &mut found, ReduceOp::Max)?;
-    if ctx.ep_group.size() > 1 {
-        // Expert grads differ between EP ranks: they must agree on skipping the step.
-        ctx.comm.all_reduce_f64(&ctx.ep_group, &mut found, ReduceOp::Max)?;
+    if ctx.experts_sharded() {
+        // Expert grads differ inside the expert grid: its ranks must agree on skipping the step.
+        ctx.comm.all_reduce_f64(&ctx.expert_mp_group, &mut found, ReduceOp::Max)?;
     }
     Ok(found[0] > 0.0)
 }

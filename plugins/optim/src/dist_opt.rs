@@ -12,17 +12,22 @@
 //! so a state saved here loads into plain Adam at any DP size and back (it is a collective:
 //! every rank of the DP×CP group must call it, as checkpoint saving does).
 //!
+//! Parameters outside the buckets — sharded MoE experts (`ParamLayout::expert_parallel` with
+//! ep · etp > 1), whose gradients the reducer all-reduces over their own expert-data-parallel
+//! group instead — are stepped by a plain [`Adam`] inside this optimizer (full moments on every
+//! replica), and their state is saved and loaded with the rest under the same names.
+//!
 //! Only the shard's state exists: with `dp` ranks the optimizer holds `2·N/dp` fp32 moments
 //! instead of Adam's `2·N` (fp32 parameters are their own main parameters; bf16/fp16 ones
 //! will add an fp32 main copy of the shard when mixed precision lands).
 
-use crate::adam::AdamConfig;
+use crate::adam::{Adam, AdamConfig};
 use crate::state_tensors::{self, clone_tensor};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
     AdamStep, Backend, Communicator, DType, DeviceTensor, Group, HostBuffer, Optimizer, OptimizerState, Param,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 const KINDS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
@@ -59,6 +64,9 @@ pub struct DistributedOptimizer {
     segments: Vec<Vec<Segment>>,
     /// Parameter shapes (for per-parameter checkpoint tensors).
     shapes: HashMap<String, Vec<usize>>,
+    /// Parameters in no bucket (sharded experts) and the plain Adam that steps them.
+    unsharded: HashSet<String>,
+    plain: Adam,
 }
 
 impl DistributedOptimizer {
@@ -105,7 +113,10 @@ impl DistributedOptimizer {
             }
             segments.push(segs);
         }
-        Ok(DistributedOptimizer { config, steps: 0, comm, group, buckets, segments, shapes })
+        let bucketed: HashSet<&str> = buckets.iter().flat_map(|b| b.params.iter().map(|p| p.0.as_str())).collect();
+        let unsharded = params.iter().map(|p| p.name.clone()).filter(|n| !bucketed.contains(n.as_str())).collect();
+        let plain = Adam::new(config)?;
+        Ok(DistributedOptimizer { config, steps: 0, comm, group, buckets, segments, shapes, unsharded, plain })
     }
 
     /// fp32 values this rank's optimizer holds (the moments of its shard).
@@ -182,7 +193,10 @@ impl Optimizer for DistributedOptimizer {
                 backend.copy(&src, &mut p.value).with_context(|| format!("writing the updated `{name}`"))?;
             }
         }
-        Ok(())
+        // Every step, so the plain Adam's step count (bias correction) stays this one's.
+        let mut rest: Vec<&mut Param> =
+            params.iter_mut().filter(|p| self.unsharded.contains(&p.name)).map(|p| &mut **p).collect();
+        self.plain.step(&mut rest, lr, weight_decay, backend)
     }
 
     fn steps(&self) -> u64 {
@@ -211,6 +225,9 @@ impl Optimizer for DistributedOptimizer {
                 }
             }
         }
+        if self.steps > 0 {
+            tensors.extend(self.plain.state(backend)?.tensors);
+        }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(OptimizerState { scalars: serde_json::json!({ "step": self.steps }), tensors })
     }
@@ -218,8 +235,11 @@ impl Optimizer for DistributedOptimizer {
     /// Takes per-parameter moments (from this optimizer or plain Adam, any DP size) and keeps
     /// this rank's ranges.
     fn load_state(&mut self, state: OptimizerState, params: &[&Param], backend: &dyn Backend) -> Result<()> {
-        let (steps, states) = state_tensors::load(state, &KINDS, "adam", params, backend)?;
+        let (steps, mut states) = state_tensors::load(state, &KINDS, "adam", params, backend)?;
         self.steps = steps;
+        let plain =
+            states.iter().filter(|(n, _)| self.unsharded.contains(*n)).map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        self.plain.restore(steps, plain.into_iter().filter_map(|n| states.remove_entry(&n)).collect());
         for seg in self.segments.iter_mut().flatten() {
             seg.state = match states.get(&seg.name) {
                 None => None,

@@ -139,18 +139,13 @@ impl DdpReducer {
         ctx: &ParallelContext,
     ) -> Result<DdpReducer> {
         let group = dp_cp_group(ctx);
-        // With ep = 1 the expert-data-parallel group is the DP×CP group: experts are buckets'
-        // ordinary members (and the distributed optimizer shards them like the rest).
-        let split = ctx.expert_model_parallel_size > 1;
+        // With ep = etp = 1 the expert-data-parallel group is the DP×CP group: experts are
+        // buckets' ordinary members (and the distributed optimizer shards them like the rest).
+        let split = ctx.experts_sharded();
         let (experts, params): (Vec<&Param>, Vec<&Param>) =
             params.iter().partition(|p| split && p.layout.expert_parallel);
-        if !experts.is_empty() && options.shard_for_distributed_optimizer {
-            bail!(
-                "--use-distributed-optimizer with expert-parallel parameters (`{}`) is not implemented: \
-                 drop --use-distributed-optimizer or use --expert-model-parallel-size 1",
-                experts[0].name
-            );
-        }
+        // With the distributed optimizer the experts stay unsharded (it steps them with a plain
+        // Adam): only the dense buckets are reduce-scattered.
         let params = params.as_slice();
         let bucket_size = match (options.overlap_grad_reduce, options.bucket_size) {
             (_, Some(0)) => bail!("--ddp-bucket-size must be > 0"),

@@ -34,6 +34,10 @@ pub struct StrategyConfig {
     /// `--expert-model-parallel-size`: the expert grid folded over DP×CP (SPEC §5.1, §5.8).
     #[serde(default = "one")]
     pub expert_model_parallel_size: usize,
+    /// `--expert-tensor-parallel-size`: each expert split over this many ranks of the expert
+    /// grid (SPEC §5.1). Default 1 (Megatron's default is the dense TP size).
+    #[serde(default = "one")]
+    pub expert_tensor_parallel_size: usize,
 }
 
 fn one() -> usize {
@@ -49,6 +53,7 @@ impl Default for StrategyConfig {
             ddp_bucket_size: None,
             overlap_grad_reduce: false,
             expert_model_parallel_size: 1,
+            expert_tensor_parallel_size: 1,
         }
     }
 }
@@ -68,6 +73,7 @@ impl MegatronStrategy {
             (config.pipeline_model_parallel_size, "--pipeline-model-parallel-size"),
             (config.context_parallel_size, "--context-parallel-size"),
             (config.expert_model_parallel_size, "--expert-model-parallel-size"),
+            (config.expert_tensor_parallel_size, "--expert-tensor-parallel-size"),
         ] {
             if v == 0 {
                 bail!("{flag} must be >= 1");
@@ -115,7 +121,7 @@ impl ParallelStrategy for MegatronStrategy {
         if rank >= grid.world_size() {
             bail!("communicator `{}` reports rank {rank} in a world of {} ranks", comm.name(), grid.world_size());
         }
-        grid.context(rank, comm).with_expert_parallel(c.expert_model_parallel_size)
+        grid.context(rank, comm).with_expert_grid(c.expert_model_parallel_size, c.expert_tensor_parallel_size)
     }
 
     /// Megatron's DDP buckets (and, with `overlap_grad_reduce`, the overlapped reduction);
@@ -126,7 +132,9 @@ impl ParallelStrategy for MegatronStrategy {
         backend: Arc<dyn Backend>,
         ctx: &ParallelContext,
     ) -> Result<Option<Box<dyn GradSync>>> {
-        if dp_cp_group(ctx).size() == 1 {
+        // Experts sharded over TP ranks (ep·etp > 1 with tp > 1) have replicas outside the
+        // DP×CP group: they still need the expert-data-parallel reduction.
+        if dp_cp_group(ctx).size() == 1 && ctx.edp_group.size() == 1 {
             return Ok(None);
         }
         let options = DdpOptions {
@@ -139,7 +147,7 @@ impl ParallelStrategy for MegatronStrategy {
 
     fn reduce_gradients(&self, params: &mut [&mut Param], backend: &dyn Backend, ctx: &ParallelContext) -> Result<()> {
         let group = dp_cp_group(ctx);
-        if group.size() == 1 {
+        if group.size() == 1 && ctx.edp_group.size() == 1 {
             return Ok(());
         }
         // Pre-scaling (rather than dividing the sum) is Megatron's default and keeps the
@@ -148,7 +156,7 @@ impl ParallelStrategy for MegatronStrategy {
         let scale = 1.0 / group.size() as f32;
         for p in params.iter_mut() {
             backend.scale(&mut p.grad, scale).with_context(|| format!("pre-scaling the gradient of {}", p.name))?;
-            let expert = p.layout.expert_parallel && ctx.expert_model_parallel_size > 1;
+            let expert = p.layout.expert_parallel && ctx.experts_sharded();
             let g = if expert { &ctx.edp_group } else { &group };
             if g.size() > 1 {
                 ctx.comm.all_reduce(g, &mut p.grad, ReduceOp::Sum)?;
