@@ -4,9 +4,11 @@
 #     median ms/iteration of the logged iterations after the first);
 #  2. generation ms/token at long context: a checkpoint of each model (1 training iteration,
 #     mock data), then `megatron generate` after prompts of P tokens, timed with 1 and 1 + N
-#     new tokens; ms/token = (t(1 + N) - t(1)) / N (load and prompt cancel out).
+#     new tokens; ms/token = (t(1 + N) - t(1)) / N from the times `generate` reports (prompt
+#     and generation, model loading excluded), so the prompt cancels out.
+#   REUSE=1 with PARTS=gen re-reads the generate logs already in $OUT instead of running them.
 # Usage: M=target/release/megatron flock /work/heavy.lock bash scripts/hybrid_speed.sh
-#   (OUT=/tmp/hybrid_speed, ITERS=4, SEQS="1024 4096", PROMPTS="256 1024 4096", NEW=32,
+#   (OUT=/tmp/hybrid_speed, ITERS=4, SEQS="1024 4096", PROMPTS="256 1024 4096", NEW=128,
 #    PARTS="train gen": which of the two to run)
 # Sizes (hidden 128, vocab 1024): gpt 6 layers (1.19M non-embedding parameters), mamba 10 x M
 # (H 8, P 32, N 32, G 1; 1.09M).
@@ -17,7 +19,7 @@ OUT=${OUT:-/tmp/hybrid_speed}
 ITERS=${ITERS:-4}
 SEQS=${SEQS:-"1024 4096"}
 PROMPTS=${PROMPTS:-"256 1024 4096"}
-NEW=${NEW:-32}
+NEW=${NEW:-128}
 PARTS=${PARTS:-"train gen"}
 mkdir -p "$OUT"
 COMMON=(--hidden-size 128 --num-attention-heads 4 --micro-batch-size 1 --global-batch-size 1 --lr 1e-3
@@ -45,23 +47,29 @@ fi
 echo "== generation ms/token after a prompt of P tokens ($NEW new tokens, greedy)"
 maxp=$(echo $PROMPTS | tr ' ' '\n' | sort -n | tail -1)
 for m in gpt mamba; do
+  [ -n "${REUSE:-}" ] && [ -d "$OUT/ckpt_$m" ] && continue
   if [ $m = gpt ]; then A=("${GPT[@]}"); else A=("${MAMBA[@]}"); fi
   rm -rf "$OUT/ckpt_$m"
   $M pretrain "${COMMON[@]}" "${A[@]}" --seq-length 64 --max-position-embeddings $((maxp + NEW + 8)) \
     --train-iters 1 --save "$OUT/ckpt_$m" --save-interval 1 > "$OUT/save_$m.log" 2>&1
 done
+# Seconds `megatron generate` reports (model loading excluded): GPT, prompt + generation (the
+# prompt cancels in the difference); the recurrent models report the generation alone (their
+# step-by-step prompt time is noisy on a loaded machine and would not cancel as well).
+gen_secs() {
+  sed -n 's/.*prompt [0-9]* tokens in [0-9.]*s, generated [0-9]* tokens in \([0-9.]*\)s.*/\1/p;
+          s/^generated [0-9]* tokens in \([0-9.]*\)s.*/\1/p' "$1" | tail -1
+}
 for p in $PROMPTS; do
   prompt=$(seq 1 "$p" | awk '{printf "%d ", ($1 * 7) % 1000}')
   for m in gpt mamba; do
-    t() {
-      local s e
-      s=$(date +%s.%N)
-      $M generate --load "$OUT/ckpt_$m" --prompt "$prompt" --top-k 1 --tokens-to-generate "$1" > "$OUT/gen_${m}_${p}_$1.log" 2>&1
-      e=$(date +%s.%N)
-      echo "$e - $s" | bc -l
-    }
-    t1=$(t 1)
-    tn=$(t $((NEW + 1)))
-    echo "$m prompt $p: $(echo "scale=2; 1000 * ($tn - $t1) / $NEW" | bc -l) ms/token ($(tail -1 "$OUT/gen_${m}_${p}_$((NEW + 1)).log" | cut -c1-120))"
+    for n in 1 $((NEW + 1)); do
+      [ -n "${REUSE:-}" ] && [ -s "$OUT/gen_${m}_${p}_$n.log" ] && continue
+      $M generate --load "$OUT/ckpt_$m" --prompt "$prompt" --top-k 1 --tokens-to-generate "$n" \
+        > "$OUT/gen_${m}_${p}_$n.log" 2>&1
+    done
+    t1=$(gen_secs "$OUT/gen_${m}_${p}_1.log")
+    tn=$(gen_secs "$OUT/gen_${m}_${p}_$((NEW + 1)).log")
+    echo "$m prompt $p: $(echo "scale=2; 1000 * ($tn - $t1) / $NEW" | bc -l) ms/token (1 token: ${t1}s, $((NEW + 1)) tokens: ${tn}s)"
   done
 done
