@@ -124,6 +124,10 @@ impl TrainConfig {
             if let Err(e) = crate::hybrid_args::pattern(a) {
                 need(false, e);
             }
+            need(
+                !a.sequence_parallel,
+                format!("--model {} does not implement --sequence-parallel yet; drop the flag", a.model),
+            );
         }
         need(a.hidden_size > 0, "--hidden-size must be > 0".into());
         need(

@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 
 #[derive(Args, Clone, Debug, Default, Serialize)]
 pub struct HybridArgs {
-    /// Hybrid models: one symbol per layer, `M` Mamba-2, `*` attention, `-` MLP.
+    /// Hybrid models: one symbol per layer, `M` Mamba-2, `*` attention, `-` MLP; `|` between
+    /// pipeline stages (one segment per stage; without it the layers are split evenly).
     #[arg(long)]
     pub hybrid_layer_pattern: Option<String>,
     /// Mamba-2 state size N.
@@ -55,10 +56,12 @@ pub fn pattern(a: &PretrainArgs) -> Result<String, String> {
     let auto = || -> Result<String, String> {
         Err("the hybrid layer allocation needs the `hybrid` feature: rebuild with `--features hybrid`".into())
     };
+    // `|` marks pipeline-stage boundaries; it is not a layer.
+    let layers = |p: &str| p.chars().filter(|c| *c != '|').count();
     match given {
-        Some(p) if p.chars().count() != a.num_layers => Err(format!(
-            "--hybrid-layer-pattern `{p}` has {} symbols but --num-layers is {}; give one symbol per layer",
-            p.chars().count(),
+        Some(p) if layers(p) != a.num_layers => Err(format!(
+            "--hybrid-layer-pattern `{p}` has {} layer symbols but --num-layers is {}; give one symbol per layer",
+            layers(p),
             a.num_layers
         )),
         Some(p) if ratios => {

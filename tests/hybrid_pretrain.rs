@@ -1,5 +1,6 @@
 //! `megatron pretrain --model hybrid|mamba` end to end on mock data (issue 18): the loss
-//! falls, data parallelism (ranks as threads, dropout off as in tests/parallel_parity.rs) matches the single rank, a resumed run is
+//! falls, data, tensor and pipeline parallelism (ranks as threads, dropout off as in
+//! tests/parallel_parity.rs) match the single rank, a resumed run is
 //! bit-identical, and a pattern of the wrong length is a clear error.
 
 mod common;
@@ -16,6 +17,22 @@ fn hybrid_pretrain_learns_and_dp_matches_one_rank() {
     let dp2 = pretrain(&tiny_with(&format!("{HYBRID} --train-iters 12 --nproc 2"))).unwrap();
     for ((i, a), (_, b)) in one.losses.iter().zip(&dp2.losses) {
         assert!((a - b).abs() < 1e-5 * a.abs(), "iteration {i}: one rank {a} vs dp2 {b}");
+    }
+}
+
+#[test]
+fn hybrid_pretrain_tp2_and_pp2_match_one_rank() {
+    let base = format!("{HYBRID} --train-iters 6");
+    let one = pretrain(&tiny_with(&base)).unwrap();
+    for par in [
+        "--tensor-model-parallel-size 2 --nproc 2",
+        "--pipeline-model-parallel-size 2 --nproc 2 --hybrid-layer-pattern M*|-M",
+    ] {
+        let run = pretrain(&tiny_with(&format!("{base} {par}"))).unwrap();
+        assert_eq!(run.losses.len(), one.losses.len(), "{par}");
+        for ((i, a), (_, b)) in one.losses.iter().zip(&run.losses) {
+            assert!((a - b).abs() < 1e-5 * a.abs(), "{par}: iteration {i}: one rank {a} vs {b}");
+        }
     }
 }
 
@@ -40,7 +57,7 @@ fn mamba_resume_is_bit_identical() {
 fn pattern_length_must_match_num_layers() {
     let e =
         pretrain(&tiny_with("--model hybrid --num-layers 2 --hybrid-layer-pattern M*- --train-iters 1")).err().unwrap();
-    assert!(format!("{e:#}").contains("--hybrid-layer-pattern `M*-` has 3 symbols"), "{e:#}");
+    assert!(format!("{e:#}").contains("--hybrid-layer-pattern `M*-` has 3 layer symbols"), "{e:#}");
 }
 
 #[test]

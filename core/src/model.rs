@@ -70,6 +70,11 @@ pub struct ParamLayout {
     /// tensor, so the stored tensor is the same at every TP size ([`ParamLayout::shard_boxes`]).
     #[serde(default = "one_chunk")]
     pub tp_chunks: usize,
+    /// Blocks of unequal sizes (their global lengths along `tp_axis`, summing to it), each
+    /// split over the TP ranks on its own: Mamba's `in_proj` is [z; x; B; C; dt], a rank holds
+    /// [z_r; x_r; B_r; C_r; dt_r]. Empty: the `tp_chunks` equal blocks above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tp_blocks: Vec<usize>,
 }
 
 fn one_chunk() -> usize {
@@ -88,6 +93,7 @@ impl ParamLayout {
             shared_copy: false,
             expert_parallel: false,
             tp_chunks: 1,
+            tp_blocks: Vec::new(),
         }
     }
 
@@ -96,6 +102,24 @@ impl ParamLayout {
     /// the global tensor. One piece (at local 0, the [`ParamLayout::shard_slice`]) unless the
     /// parameter is chunked and split over more than one rank.
     pub fn shard_boxes(&self, local_shape: &[usize]) -> Vec<(usize, Vec<(usize, usize)>)> {
+        if let Some(axis) =
+            self.tp_axis.filter(|&a| self.tp_blocks.len() > 1 && self.tp_size > 1 && a < local_shape.len())
+        {
+            // Unequal blocks: block c starts at the sum of the earlier blocks, globally and locally.
+            let (mut global_at, mut local_at) = (0, 0);
+            return self
+                .tp_blocks
+                .iter()
+                .map(|&g| {
+                    let local_block = g / self.tp_size;
+                    let mut slice: Vec<(usize, usize)> = local_shape.iter().map(|&len| (0, len)).collect();
+                    slice[axis] = (global_at + self.tp_rank * local_block, local_block);
+                    let piece = (local_at, slice);
+                    (global_at, local_at) = (global_at + g, local_at + local_block);
+                    piece
+                })
+                .collect();
+        }
         let chunks = self.tp_chunks.max(1);
         let Some(axis) = self.tp_axis.filter(|&a| chunks > 1 && self.tp_size > 1 && a < local_shape.len()) else {
             return vec![(0, self.shard_slice(local_shape))];

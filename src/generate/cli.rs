@@ -80,6 +80,10 @@ pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
     if super::t5::is_t5_checkpoint(&args.load) {
         return super::t5::run(args, registry);
     }
+    #[cfg(feature = "hybrid")]
+    if super::hybrid::is_hybrid_checkpoint(&args.load) {
+        return super::hybrid::run(args, registry);
+    }
     let prompts: Vec<String> = match (&args.prompt, &args.prompts_file) {
         (Some(p), None) => vec![p.clone()],
         (None, Some(f)) => std::fs::read_to_string(f)

@@ -5,6 +5,8 @@
 pub mod chat;
 pub mod cli;
 pub mod engine;
+#[cfg(feature = "hybrid")]
+pub mod hybrid;
 pub mod loader;
 #[cfg(feature = "t5")]
 pub mod t5;

@@ -200,6 +200,10 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     if super::bert::is_bert_checkpoint(&args.load)? {
         return super::bert::export(&args.load, out, registry);
     }
+    #[cfg(feature = "hybrid")]
+    if crate::generate::hybrid::is_hybrid_checkpoint(&args.load) {
+        return super::mamba2::export(args, registry);
+    }
     let loaded = load_model(registry, &args.load)?;
     let c = loaded.model.config();
     let llama = is_llama(&loaded.model);

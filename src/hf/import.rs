@@ -121,6 +121,10 @@ pub fn run(args: &ImportHfArgs, registry: &Registry) -> Result<PathBuf> {
     if super::t5::is_t5(&cfg) {
         return super::t5::import(dir, &cfg, &cfg_path, &args.save, registry);
     }
+    #[cfg(feature = "hybrid")]
+    if super::mamba2::is_mamba2(&cfg) {
+        return super::mamba2::import(dir, &cfg, &cfg_path, &args.save, registry);
+    }
     if super::import_llama::is_llama_family(&cfg) {
         return super::import_llama::run(dir, &cfg, &cfg_path, &args.save, args.make_vocab_size_divisible_by, registry);
     }

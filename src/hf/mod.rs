@@ -9,6 +9,8 @@ pub mod gguf;
 pub mod import;
 pub mod import_llama;
 pub mod import_mixtral;
+#[cfg(feature = "hybrid")]
+pub mod mamba2;
 #[cfg(feature = "t5")]
 pub mod t5;
 

@@ -14,23 +14,61 @@ pub enum LayerKind {
     Mlp,
 }
 
-/// Parses `--hybrid-layer-pattern` (`M`, `*`, `-`); `E` (MoE), `|` (pipeline boundaries) and
-/// `/` (MTP) are refused with what to use instead.
+/// Parses `--hybrid-layer-pattern` (`M`, `*`, `-`; `|` pipeline-stage boundaries are skipped
+/// here, see [`stage_segments`]); `E` (MoE) and `/` (MTP) are refused with what to use instead.
 pub fn parse_pattern(pattern: &str) -> Result<Vec<LayerKind>> {
     pattern
         .chars()
         .enumerate()
+        .filter(|(_, c)| *c != '|')
         .map(|(i, c)| match c {
             'M' => Ok(LayerKind::Mamba),
             '*' => Ok(LayerKind::Attention),
             '-' => Ok(LayerKind::Mlp),
-            'E' | '|' | '/' => bail!(
-                "--hybrid-layer-pattern `{pattern}`: symbol `{c}` at {i} (MoE layers, pipeline boundaries, MTP) is not \
-                 implemented by the hybrid model yet; use only `M` (Mamba-2), `*` (attention) and `-` (MLP)"
+            'E' | '/' => bail!(
+                "--hybrid-layer-pattern `{pattern}`: symbol `{c}` at {i} (MoE layers, MTP) is not implemented by the \
+                 hybrid model yet; use only `M` (Mamba-2), `*` (attention), `-` (MLP) and `|` (stage boundaries)"
             ),
-            _ => bail!("--hybrid-layer-pattern `{pattern}`: unknown symbol `{c}` at {i}; use `M`, `*` or `-`"),
+            _ => bail!("--hybrid-layer-pattern `{pattern}`: unknown symbol `{c}` at {i}; use `M`, `*`, `-` or `|`"),
         })
         .collect()
+}
+
+/// The global layer numbers of every pipeline stage (Megatron-Core's
+/// `select_pipeline_segment`): with `|` in the pattern its segments are the stages (one per
+/// pipeline rank; a segment may be empty), without it the layers are split evenly. At pp = 1
+/// the one stage holds every layer whatever the pipes say.
+pub fn stage_segments(pattern: &str, pp: usize) -> Result<Vec<std::ops::Range<usize>>> {
+    let segments: Vec<usize> = pattern.split('|').map(|s| s.chars().count()).collect();
+    let total: usize = segments.iter().sum();
+    let sizes = if pp == 1 {
+        vec![total] // one stage holds every layer (a `|` checkpoint loads at pp = 1)
+    } else if segments.len() > 1 {
+        if segments.len() != pp {
+            bail!(
+                "--hybrid-layer-pattern `{pattern}` has {} pipeline segments (`|`) but \
+                 --pipeline-model-parallel-size is {pp}; give one segment per stage",
+                segments.len()
+            );
+        }
+        segments
+    } else {
+        if pp == 0 || !total.is_multiple_of(pp) {
+            bail!(
+                "{total} layers cannot be split evenly over --pipeline-model-parallel-size {pp}; mark the \
+                 stage boundaries with `|` in --hybrid-layer-pattern (e.g. `M*M-|M*M-`)"
+            );
+        }
+        vec![total / pp; pp]
+    };
+    let mut at = 0;
+    Ok(sizes
+        .into_iter()
+        .map(|n| {
+            at += n;
+            at - n..at
+        })
+        .collect())
 }
 
 fn d_state() -> usize {
@@ -227,7 +265,7 @@ impl HybridConfig {
     /// = none`).
     pub fn transformer_config(&self) -> TransformerConfig {
         TransformerConfig {
-            num_layers: self.hybrid_layer_pattern.len(),
+            num_layers: self.layers().map(|l| l.len()).unwrap_or(0),
             hidden_size: self.hidden_size,
             num_attention_heads: self.num_attention_heads.max(1),
             ffn_hidden_size: self.ffn_hidden_size(),
@@ -312,6 +350,18 @@ pub fn allocate_pattern(num_layers: usize, attention_ratio: f64, mlp_ratio: f64)
 #[cfg(test)]
 mod tests {
     use super::allocate_pattern;
+
+    #[test]
+    fn stages_follow_the_pipes_or_split_evenly() {
+        use super::stage_segments;
+        assert_eq!(stage_segments("M*-M|M*-", 2).unwrap(), vec![0..4, 4..7]);
+        assert_eq!(stage_segments("M-M*-M-M*-", 2).unwrap(), vec![0..5, 5..10]);
+        assert_eq!(stage_segments("M*|", 2).unwrap(), vec![0..2, 2..2]);
+        assert!(stage_segments("M*-", 2).unwrap_err().to_string().contains("evenly"));
+        assert!(stage_segments("M|*|-", 2).unwrap_err().to_string().contains("3 pipeline segments"));
+        assert_eq!(stage_segments("M|*|-", 1).unwrap(), vec![0..3]);
+        assert_eq!(super::parse_pattern("M|*-").unwrap().len(), 3);
+    }
 
     #[test]
     fn allocation_matches_the_spec_examples() {

@@ -13,8 +13,9 @@ use crate::model::HybridModel;
 use crate::ops::conv::conv_silu_step;
 use crate::ops::dt::{a_from_log, softplus_dt_forward};
 use crate::ops::gated_norm::gated_rmsnorm_forward;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use megatron_core::{DType, DeviceTensor, HostBuffer};
+use megatron_transformer::tp_mappings::reduce_from_tp_region_forward;
 use megatron_transformer::{linear_forward, LayerKvCache, StepInfo};
 
 /// The cached state of one layer.
@@ -77,7 +78,8 @@ impl MambaMixer {
         let (yn, _) =
             gated_rmsnorm_forward(&y, &cols(&zx, width, 0, di), &read(be, &self.norm.value)?, d.groups, self.eps())?;
         let yn = be.from_host(HostBuffer::F32(yn), &[batch, di])?;
-        linear_forward(be, &yn, &self.out_proj.value, None, out)
+        linear_forward(be, &yn, &self.out_proj.value, None, out)?;
+        reduce_from_tp_region_forward(self.ctx(), out)
     }
 }
 
@@ -109,6 +111,7 @@ impl HybridLayer {
 impl HybridModel {
     /// Empty states for `batch` rows; attention layers hold up to `capacity` tokens.
     pub fn new_cache(&self, batch: usize, capacity: usize) -> Result<HybridCache> {
+        self.ensure_whole("recurrent decoding")?;
         let layers = self
             .layers
             .iter()
@@ -144,7 +147,8 @@ impl HybridModel {
         let h = self.config().hidden_size;
         let ids = be.from_host(HostBuffer::I32(tokens.to_vec()), &[tokens.len()])?;
         let mut x = be.zeros(&[cache.batch, h], DType::F32)?;
-        self.embedding.forward(&ids, &mut x, &step)?;
+        self.ensure_whole("recurrent decoding")?;
+        self.embedding.as_mut().context("decoding needs the embedding (first stage)")?.forward(&ids, &mut x, &step)?;
         for (layer, c) in self.layers.iter_mut().zip(&mut cache.layers) {
             let mut y = be.zeros(&[cache.batch, h], DType::F32)?;
             layer.forward_step(&x, &mut y, c, cache.len)?;
@@ -152,7 +156,7 @@ impl HybridModel {
         }
         cache.len += 1;
         let mut head_in = be.zeros(&[cache.batch, h], DType::F32)?;
-        self.final_norm.forward(&x, &mut head_in)?;
+        self.final_norm.as_mut().context("decoding needs the final norm (last stage)")?.forward(&x, &mut head_in)?;
         let logits = self.head_logits(&head_in, cache.batch)?;
         read(be, &logits)
     }

@@ -62,6 +62,7 @@ pub fn hf_name(ours: &str) -> Option<String> {
 
 /// Fills every parameter of `model` from `get(hf_name)` (shape, f32 values), checking shapes.
 pub fn load_hf_mamba2(model: &mut HybridModel, get: &mut dyn FnMut(&str) -> Result<HostTensor>) -> Result<()> {
+    model.ensure_whole("importing transformers weights")?;
     let be = model.backend();
     for p in model.params_mut() {
         let name = hf_name(&p.name).with_context(|| format!("no transformers name for parameter `{}`", p.name))?;
@@ -76,6 +77,7 @@ pub fn load_hf_mamba2(model: &mut HybridModel, get: &mut dyn FnMut(&str) -> Resu
 
 /// `(transformers name, (shape, values))` of every parameter, for `export hf`.
 pub fn export_hf_mamba2(model: &HybridModel) -> Result<Vec<(String, HostTensor)>> {
+    model.ensure_whole("exporting transformers weights")?;
     let be = model.backend();
     model
         .params()

@@ -7,11 +7,11 @@
 //! `{p}.mlp.*`.
 
 use crate::config::{HybridConfig, LayerKind};
-use crate::mixer::{MambaMixer, MixerDims};
+use crate::mixer::{MambaMixer, MixerDims, Saved};
 use anyhow::{Context, Result};
 use megatron_core::{Backend, DType, DeviceTensor, Param};
 use megatron_transformer::layer::hidden_dropout;
-use megatron_transformer::step::{empty, ensure_buffer};
+use megatron_transformer::step::{empty, ensure_buffer, SavedActivations};
 use megatron_transformer::{
     gpt_layer_local_spec, LocalSpecProvider, Mlp, ModuleBuilder, ModuleScratch, NormLayer, SelfAttention, SpecProvider,
     StepInfo,
@@ -23,6 +23,14 @@ pub enum Branch {
     Mamba(Box<MambaMixer>),
     Attention(Box<SelfAttention>),
     Mlp(Mlp),
+}
+
+/// What one layer's training forward left in its modules for backward, moved out of them
+/// (handle moves, no copies) while other microbatches run on the same pipeline stage.
+pub(crate) struct LayerState {
+    normed: DeviceTensor,   // (B, T, C)
+    mixer: Saved,           // `M` layers
+    acts: SavedActivations, // the norm's statistics, the attention/MLP buffers
 }
 
 pub struct HybridLayer {
@@ -133,6 +141,41 @@ impl HybridLayer {
         .with_context(ctx)?;
         self.norm.backward(d_norm, x, d_branch).with_context(ctx)?;
         be.axpy(d_res, 1.0, d_branch)
+    }
+
+    /// The module buffers a training forward fills for backward: the norm's statistics and
+    /// the attention/MLP tensors (the mixer keeps its own [`Saved`]).
+    fn saved_slots(&mut self) -> Vec<&mut DeviceTensor> {
+        let mut v = self.norm.saved_activations_mut();
+        match &mut self.branch {
+            Branch::Mamba(_) => {}
+            Branch::Attention(a) => v.extend(a.saved_activations_mut()),
+            Branch::Mlp(m) => v.extend(m.saved_activations_mut()),
+        }
+        v
+    }
+
+    /// Moves this layer's saved activations out (see [`LayerState`]).
+    pub(crate) fn take_state(&mut self) -> Result<LayerState> {
+        let be = self.backend.clone();
+        let normed = std::mem::replace(&mut self.normed, empty(be.as_ref())?);
+        let mixer = match &mut self.branch {
+            Branch::Mamba(m) => m.take_saved(),
+            _ => Saved::default(),
+        };
+        let slots = self.saved_slots();
+        let mut acts = SavedActivations::placeholders(be.as_ref(), slots.len())?;
+        acts.swap_with(slots)?;
+        Ok(LayerState { normed, mixer, acts })
+    }
+
+    /// Puts a [`LayerState`] taken by [`Self::take_state`] back for its backward.
+    pub(crate) fn put_state(&mut self, mut state: LayerState) -> Result<()> {
+        self.normed = state.normed;
+        if let Branch::Mamba(m) = &mut self.branch {
+            m.put_saved(state.mixer);
+        }
+        state.acts.swap_with(self.saved_slots())
     }
 
     pub fn params(&self) -> Vec<&Param> {

@@ -14,6 +14,7 @@ pub mod layers;
 pub mod mixer;
 pub mod model;
 pub mod ops;
+mod stage;
 
 pub use config::{parse_pattern, HybridConfig, LayerKind};
 pub use model::HybridModel;

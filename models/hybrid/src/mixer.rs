@@ -3,8 +3,16 @@
 //! `in_proj` → split `[z (Di) | xBC (Di + 2GN) | dt (H)]` → causal conv1d + SiLU on xBC →
 //! split `[x (H, P) | B (G, N) | C (G, N)]` → `Δ = softplus(dt + dt_bias)`, `A = −exp(A_log)` →
 //! SSD chunked scan with D skip → gated RMSNorm `norm(y ⊙ silu(z))` per group → `out_proj`.
-//! No in/out-proj bias, conv bias on (as Megatron). Tensor parallelism of the mixer is not
-//! implemented yet (refused at build time).
+//! No in/out-proj bias, conv bias on (as Megatron).
+//!
+//! Tensor parallelism (Megatron-Core's split): heads and groups are divided over the TP ranks.
+//! `in_proj` is column-parallel with every component split on its own (a rank holds
+//! `[z_r | x_r | B_r | C_r | dt_r]`, the [`ParamLayout::tp_blocks`] of the parameter), the conv
+//! weight and bias likewise (`[x_r | B_r | C_r]`), `dt_bias`, `A_log`, `D` and the gated norm
+//! weight by heads (the norm works per group, and groups never straddle ranks), `out_proj` is
+//! row-parallel: its partial outputs are summed over the TP group, and so are the partial
+//! input gradients of `in_proj`. Every rank then runs the unchanged local math on `H/tp` heads
+//! and `G/tp` groups. Parameters are drawn whole and sliced, so they do not depend on tp.
 //!
 //! Initialisation as Megatron/mamba_ssm: `in_proj` Normal(0, std), `out_proj` Normal(0,
 //! std/√(2L)), conv weight and bias U(±1/√K) (PyTorch's default for a depthwise conv),
@@ -17,14 +25,16 @@ use crate::ops::gated_norm::{gated_rmsnorm_backward, gated_rmsnorm_forward};
 use crate::ops::ssd::{ssd_backward, ssd_forward, SsdInputs};
 use crate::ops::SsdDims;
 use anyhow::{bail, Result};
-use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, Param};
-use megatron_transformer::init::param_seed;
+use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param, ParamLayout};
+use megatron_transformer::init::{init_global, param_seed};
+use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, reduce_from_tp_region_forward};
 use megatron_transformer::{linear_backward, linear_forward, Init, ModuleBuilder, Split};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 
-/// Sizes of one mixer.
+/// Sizes of one mixer (of the whole mixer when given to [`MambaMixer::new`]; a built mixer's
+/// `dims` are this rank's: `heads / tp`, `groups / tp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MixerDims {
     pub hidden: usize,
@@ -52,7 +62,7 @@ impl MixerDims {
 
 /// What the forward keeps for backward (host f32; `N = B·T`).
 #[derive(Default)]
-struct Saved {
+pub(crate) struct Saved {
     batch: usize,
     seq: usize,
     zxbcdt: Vec<f32>,             // (N, 2Di + 2GN + H)
@@ -67,6 +77,7 @@ struct Saved {
 
 pub struct MambaMixer {
     backend: Arc<dyn Backend>,
+    ctx: ParallelContext,
     pub dims: MixerDims,
     eps: f32,
     pub in_proj: Param,     // [2Di + 2GN + H, C]
@@ -80,11 +91,37 @@ pub struct MambaMixer {
     saved: Saved,
 }
 
-/// A replicated parameter holding `values`.
-fn param_with(b: &ModuleBuilder, name: &str, shape: &[usize], values: Vec<f32>) -> Result<Param> {
-    let mut p = b.param(name, shape, Split::Replicated, Init::Zeros)?;
-    p.value = b.backend.from_host(HostBuffer::F32(values), shape)?;
-    Ok(p)
+/// A parameter of global shape `shape` holding the global `values`, whose dim 0 is made of
+/// `blocks` (global lengths) each split over the TP ranks on its own (one block: a plain row
+/// split). The rank keeps `[block0_r; block1_r; ...]`.
+fn blocked_param(b: &ModuleBuilder, name: &str, shape: &[usize], blocks: &[usize], values: Vec<f32>) -> Result<Param> {
+    let (tp, rank) = (b.tp_size(), b.tp_rank());
+    let row: usize = shape[1..].iter().product();
+    if blocks.iter().sum::<usize>() != shape[0] || blocks.iter().any(|n| !n.is_multiple_of(tp)) {
+        bail!("parameter `{name}`: blocks {blocks:?} of dim 0 of {shape:?} cannot be split over {tp} tensor-parallel ranks");
+    }
+    let (mut local, mut at) = (Vec::with_capacity(values.len() / tp), 0);
+    for &n in blocks {
+        let start = (at + rank * (n / tp)) * row;
+        local.extend_from_slice(&values[start..start + n / tp * row]);
+        at += n;
+    }
+    let mut local_shape = shape.to_vec();
+    local_shape[0] /= tp;
+    let layout = ParamLayout {
+        tp_axis: Some(0),
+        tp_rank: rank,
+        tp_size: tp,
+        tp_chunks: blocks.len(),
+        tp_blocks: if blocks.len() > 1 { blocks.to_vec() } else { Vec::new() },
+        ..ParamLayout::replicated(shape, shape.len() == 1)
+    };
+    Ok(Param {
+        name: name.to_string(),
+        value: b.backend.from_host(HostBuffer::F32(local), &local_shape)?,
+        grad: b.backend.zeros(&local_shape, DType::F32)?,
+        layout,
+    })
 }
 
 fn uniform(b: &ModuleBuilder, name: &str, n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -125,40 +162,55 @@ impl MambaMixer {
         out_std: f32,
         eps: f32,
     ) -> Result<MambaMixer> {
-        if b.tp_size() > 1 {
-            bail!("the Mamba-2 mixer does not run with tensor parallelism yet; use --tensor-model-parallel-size 1");
-        }
         if b.dtype() != DType::F32 {
             bail!("the Mamba-2 mixer runs in fp32 only for now; drop --bf16/--fp16");
         }
+        let tp = b.tp_size();
+        if !dims.heads.is_multiple_of(tp) || !dims.groups.is_multiple_of(tp) || !dims.heads.is_multiple_of(dims.groups)
+        {
+            bail!(
+                "mamba heads {} and --mamba-num-groups {} must be divisible by --tensor-model-parallel-size {tp} \
+                 (and heads by groups)",
+                dims.heads,
+                dims.groups
+            );
+        }
         let (c, h, di, ch, k) = (dims.hidden, dims.heads, dims.d_inner(), dims.conv_channels(), dims.conv);
+        let gn = dims.groups * dims.state;
         let n = |s: &str| format!("{prefix}.{s}");
         let bound = 1.0 / (k as f32).sqrt();
         let (lo, hi) = (1e-3f32.ln(), 0.1f32.ln());
         let dt: Vec<f32> =
             uniform(b, &n("dt_bias"), h, lo, hi).into_iter().map(|u| inverse_softplus(u.exp().max(1e-4))).collect();
         let a_log: Vec<f32> = uniform(b, &n("A_log"), h, 1.0, 16.0).into_iter().map(f32::ln).collect();
+        let width = dims.in_proj_width();
+        let in_proj = init_global(Init::Normal(std), width * c, param_seed(b.seed, &n("in_proj.weight")))?;
+        let conv_blocks = [di, gn, gn];
+        let local = MixerDims { heads: h / tp, groups: dims.groups / tp, ..dims };
         Ok(MambaMixer {
-            in_proj: b.param(
-                &n("in_proj.weight"),
-                &[dims.in_proj_width(), c],
-                Split::Rows { chunks: 1 },
-                Init::Normal(std),
-            )?,
-            conv_weight: param_with(
+            in_proj: blocked_param(b, &n("in_proj.weight"), &[width, c], &[di, di, gn, gn, h], in_proj)?,
+            conv_weight: blocked_param(
                 b,
                 &n("conv1d.weight"),
                 &[ch, 1, k],
+                &conv_blocks,
                 uniform(b, &n("conv1d.weight"), ch * k, -bound, bound),
             )?,
-            conv_bias: param_with(b, &n("conv1d.bias"), &[ch], uniform(b, &n("conv1d.bias"), ch, -bound, bound))?,
-            dt_bias: param_with(b, &n("dt_bias"), &[h], dt)?,
-            a_log: param_with(b, &n("A_log"), &[h], a_log)?,
-            d: b.param(&n("D"), &[h], Split::Replicated, Init::Ones)?,
-            norm: b.param(&n("norm.weight"), &[di], Split::Replicated, Init::Ones)?,
+            conv_bias: blocked_param(
+                b,
+                &n("conv1d.bias"),
+                &[ch],
+                &conv_blocks,
+                uniform(b, &n("conv1d.bias"), ch, -bound, bound),
+            )?,
+            dt_bias: blocked_param(b, &n("dt_bias"), &[h], &[h], dt)?,
+            a_log: blocked_param(b, &n("A_log"), &[h], &[h], a_log)?,
+            d: b.param(&n("D"), &[h], Split::Rows { chunks: 1 }, Init::Ones)?,
+            norm: b.param(&n("norm.weight"), &[di], Split::Rows { chunks: 1 }, Init::Ones)?,
             out_proj: b.param(&n("out_proj.weight"), &[c, di], Split::Cols, Init::Normal(out_std))?,
             backend: b.backend.clone(),
-            dims,
+            ctx: b.ctx.clone(),
+            dims: local,
             eps,
             saved: Saved::default(),
         })
@@ -166,6 +218,20 @@ impl MambaMixer {
 
     pub(crate) fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
+    }
+
+    /// Moves the last training forward's saved tensors out (pipeline stages keep one set per
+    /// microbatch in flight) and back in.
+    pub(crate) fn take_saved(&mut self) -> Saved {
+        std::mem::take(&mut self.saved)
+    }
+
+    pub(crate) fn put_saved(&mut self, saved: Saved) {
+        self.saved = saved;
+    }
+
+    pub(crate) fn ctx(&self) -> &ParallelContext {
+        &self.ctx
     }
 
     pub(crate) fn eps(&self) -> f32 {
@@ -204,6 +270,7 @@ impl MambaMixer {
         let (yn, rstd) = gated_rmsnorm_forward(&y, &z, &read(be, &self.norm.value)?, d.groups, self.eps)?;
         let yn = be.from_host(HostBuffer::F32(yn), &[rows, di])?;
         linear_forward(be, &yn, &self.out_proj.value, None, out)?;
+        reduce_from_tp_region_forward(&self.ctx, out)?; // row-parallel out_proj: sum the partial outputs
         self.saved = Saved { batch, seq, zxbcdt, xbc_pre, xbc, delta, y, rstd, states, y_norm: Some(yn) };
         Ok(())
     }
@@ -254,7 +321,8 @@ impl MambaMixer {
         put_cols(&mut dzx, width, di, &d_xbc_in, ch);
         put_cols(&mut dzx, width, di + ch, &d_dt, h);
         let dzx = be.from_host(HostBuffer::F32(dzx), &[rows, width])?;
-        linear_backward(be, u, &self.in_proj.value, &dzx, Some(d_u), &mut self.in_proj.grad, None)
+        linear_backward(be, u, &self.in_proj.value, &dzx, Some(d_u), &mut self.in_proj.grad, None)?;
+        copy_to_tp_region_backward(&self.ctx, d_u) // column-parallel in_proj: sum the partial input gradients
     }
 
     pub fn params(&self) -> Vec<&Param> {

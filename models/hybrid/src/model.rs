@@ -1,48 +1,78 @@
 //! [`HybridModel`]: word embedding (no positions, Megatron's `position_embedding_type='none'`)
 //! → the layers of the pattern → `decoder.final_norm` → output layer (tied to the word
 //! embedding unless untied) → vocab-parallel cross entropy, implementing
-//! [`megatron_core::Model`] with explicit forward and backward. One pipeline stage, tp = 1
-//! (the mixer refuses tp > 1); data parallelism works through the driver as for every model.
+//! [`megatron_core::Model`] with explicit forward and backward.
 //!
-//! Activations are `(B, T, C)`; the residual stream before every layer is kept for backward
-//! (`(L + 1)·(B, T, C)`), plus each layer's own saved tensors.
+//! Parallelism: tensor parallelism inside every layer (the mixer's split is in
+//! [`crate::mixer`]; attention and MLP are the transformer crate's), the vocab-parallel
+//! embedding, output layer and cross entropy; pipeline stages over the pattern (its `|`
+//! segments, else an even split, [`crate::config::stage_segments`]): the first stage embeds, the
+//! last holds the final norm, the output layer (a copy of the word embedding when tied, its
+//! gradient summed over the embedding group) and the loss. Data parallelism is the driver's.
+//!
+//! Activations are `(B, T, C)`; the residual stream before every layer of the stage is kept
+//! for backward (`(n + 1)·(B, T, C)` for `n` layers), plus each layer's own saved tensors, one
+//! set per training microbatch in flight ([`crate::stage`]).
 
-use crate::config::HybridConfig;
+use crate::config::{stage_segments, HybridConfig};
 use crate::layers::HybridLayer;
+use crate::stage::Saved;
 use anyhow::{bail, Result};
 use megatron_core::{Backend, Batch, DType, DeviceTensor, HostBuffer, LossReport, Mode, Model, ParallelContext, Param};
+use megatron_core::{GradsReadyHook, StageOutput};
 use megatron_transformer::step::empty;
+use megatron_transformer::tp_mappings::copy_to_tp_region_forward;
 use megatron_transformer::{
-    linear_backward, linear_forward, BackwardScratch, Init, LanguageModelEmbedding, LocalSpecProvider, ModuleBuilder,
-    NormLayer, SpecProvider, Split, StepInfo, VocabParallelCrossEntropy,
+    linear_forward, Init, LanguageModelEmbedding, LocalSpecProvider, ModuleBuilder, NormLayer, SpecProvider, Split,
+    StepInfo, VocabParallelCrossEntropy,
 };
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
-/// What a training forward keeps besides the modules' own caches.
-struct Saved {
-    step: StepInfo,
-    ids: DeviceTensor,         // (B*T) int32
-    labels: DeviceTensor,      // (B*T) int32
-    loss_mask: Vec<f32>,       // (B*T)
-    stream: Vec<DeviceTensor>, // L + 1 tensors (B, T, C): the input of every layer, then the last output
-    head_in: DeviceTensor,     // (B, T, C): final norm output
-}
+/// Megatron's name of the word embedding (and of its copy on the last stage when tied).
+const WORD_EMBEDDING: &str = "embedding.word_embeddings.weight";
 
 pub struct HybridModel {
-    config: HybridConfig,
-    name: &'static str,
-    backend: Arc<dyn Backend>,
-    ctx: ParallelContext,
-    vocab_padded: usize,
-    pub embedding: LanguageModelEmbedding,
+    pub(crate) config: HybridConfig,
+    pub(crate) name: &'static str,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) ctx: ParallelContext,
+    pub(crate) vocab_padded: usize,
+    /// First stage only.
+    pub embedding: Option<LanguageModelEmbedding>,
+    /// This stage's layers (their `layer_number`s are global).
     pub layers: Vec<HybridLayer>,
-    pub final_norm: Box<dyn NormLayer>,
+    pub(crate) layer_range: Range<usize>,
+    /// Last stage only.
+    pub final_norm: Option<Box<dyn NormLayer>>,
+    /// Last stage, `--untie-embeddings-and-output-weights`.
     pub output_layer: Option<Param>,
-    ce: VocabParallelCrossEntropy,
-    /// `(V_padded)`: 0 for real ids, −inf for the padding (as the GPT model).
-    vocab_mask: Option<DeviceTensor>,
-    logits: DeviceTensor, // (B, T, V); d_logits after backward
-    saved: Option<Saved>,
+    /// Last stage of pp > 1 with tied weights: the copy of the word embedding (same name,
+    /// `shared_copy`), its gradient summed with the first stage's in `finalize_grads`.
+    pub(crate) shared_embedding: Option<Param>,
+    pub(crate) ce: VocabParallelCrossEntropy,
+    /// `(V_padded/tp)`: 0 for real ids, −inf for the padding of this rank's vocab slice.
+    pub(crate) vocab_mask: Option<DeviceTensor>,
+    pub(crate) logits: DeviceTensor, // (B, T, V/tp); d_logits after backward
+    /// What each in-flight training microbatch's backward needs, by microbatch id.
+    pub(crate) stash: BTreeMap<usize, Saved>,
+}
+
+/// The additive logit mask of this rank's vocab slice (`None` when it has no padding).
+fn padding_mask(
+    be: &dyn Backend,
+    vocab: usize,
+    vocab_padded: usize,
+    ctx: &ParallelContext,
+) -> Result<Option<DeviceTensor>> {
+    let local = vocab_padded / ctx.tp_size();
+    let start = ctx.tp_rank * local;
+    if start + local <= vocab {
+        return Ok(None);
+    }
+    let m: Vec<f32> = (start..start + local).map(|id| if id < vocab { 0.0 } else { f32::NEG_INFINITY }).collect();
+    Ok(Some(be.from_host(HostBuffer::F32(m), &[local])?))
 }
 
 impl HybridModel {
@@ -53,40 +83,55 @@ impl HybridModel {
         backend: Arc<dyn Backend>,
         ctx: ParallelContext,
     ) -> Result<Self> {
-        if ctx.pp_size() > 1 || ctx.grid.cp > 1 {
-            bail!(
-                "the {name} model runs one pipeline stage without context parallelism for now; use \
-                 --pipeline-model-parallel-size 1 --context-parallel-size 1 (data parallelism works)"
-            );
+        if ctx.grid.cp > 1 {
+            bail!("the {name} model does not run with context parallelism yet; use --context-parallel-size 1");
         }
         let tp = ctx.tp_size();
         config.validate(tp)?;
         let kinds = config.layers()?;
+        let layer_range = stage_segments(&config.hybrid_layer_pattern, ctx.pp_size())?[ctx.pp_rank].clone();
+        let (first, last) = (ctx.is_first_stage(), ctx.is_last_stage());
         let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
         let (h, std) = (config.hidden_size, config.init_method_std);
         let vocab_padded = config.padded_vocab_size(tp);
         let tcfg = config.transformer_config();
-        let embedding =
-            LanguageModelEmbedding::without_positions(&b, "embedding", vocab_padded, h, std, config.hidden_dropout)?;
-        let layers = kinds
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| HybridLayer::new(&b, &config, &tcfg, k, i))
+        let embedding = if first {
+            Some(LanguageModelEmbedding::without_positions(
+                &b,
+                "embedding",
+                vocab_padded,
+                h,
+                std,
+                config.hidden_dropout,
+            )?)
+        } else {
+            None
+        };
+        let layers = layer_range
+            .clone()
+            .map(|i| HybridLayer::new(&b, &config, &tcfg, kinds[i], i))
             .collect::<Result<Vec<_>>>()?;
-        let final_norm =
-            LocalSpecProvider.norm(&b, "decoder.final_norm", config.normalization, h, config.layernorm_epsilon)?;
-        let output_layer = if config.untie_embeddings_and_output_weights {
+        let final_norm = if last {
+            Some(LocalSpecProvider.norm(&b, "decoder.final_norm", config.normalization, h, config.layernorm_epsilon)?)
+        } else {
+            None
+        };
+        let untied = config.untie_embeddings_and_output_weights;
+        let output_layer = if last && untied {
             Some(b.param("output_layer.weight", &[vocab_padded, h], Split::Rows { chunks: 1 }, Init::Normal(std))?)
         } else {
             None
         };
-        let vocab_mask = if vocab_padded > config.vocab_size {
-            let m: Vec<f32> =
-                (0..vocab_padded).map(|id| if id < config.vocab_size { 0.0 } else { f32::NEG_INFINITY }).collect();
-            Some(backend.from_host(HostBuffer::F32(m), &[vocab_padded])?)
+        // Drawn from the original's per-name seed, so the copy starts equal to it.
+        let shared_embedding = if last && !first && !untied {
+            let mut p = b.param(WORD_EMBEDDING, &[vocab_padded, h], Split::Rows { chunks: 1 }, Init::Normal(std))?;
+            p.layout.shared_copy = true;
+            Some(p)
         } else {
             None
         };
+        let vocab_mask =
+            if last { padding_mask(backend.as_ref(), config.vocab_size, vocab_padded, &ctx)? } else { None };
         Ok(HybridModel {
             ce: VocabParallelCrossEntropy::new(backend.clone(), ctx.clone())?,
             logits: empty(backend.as_ref())?,
@@ -95,10 +140,12 @@ impl HybridModel {
             vocab_padded,
             embedding,
             layers,
+            layer_range,
             final_norm,
             output_layer,
+            shared_embedding,
             vocab_mask,
-            saved: None,
+            stash: BTreeMap::new(),
             backend,
             ctx,
         })
@@ -108,14 +155,54 @@ impl HybridModel {
         self.backend.clone()
     }
 
-    /// Logits `(rows, V_padded)` of the output layer on `head_in (rows, C)`.
+    pub fn ctx(&self) -> &ParallelContext {
+        &self.ctx
+    }
+
+    /// Global numbers of this stage's layers.
+    pub fn layer_range(&self) -> Range<usize> {
+        self.layer_range.clone()
+    }
+
+    /// The whole model on this rank (tp = pp = 1): what import/export and decoding need.
+    pub(crate) fn ensure_whole(&self, what: &str) -> Result<()> {
+        if self.ctx.tp_size() > 1 || self.ctx.pp_size() > 1 {
+            bail!(
+                "{what} of the {} model runs on one rank (tp = pp = 1); this rank holds tp {} x pp {} shards",
+                self.name,
+                self.ctx.tp_size(),
+                self.ctx.pp_size()
+            );
+        }
+        Ok(())
+    }
+
+    /// First vocab id of this rank's logits slice.
+    pub(crate) fn vocab_start(&self) -> usize {
+        self.ctx.tp_rank * (self.vocab_padded / self.ctx.tp_size())
+    }
+
+    /// The output layer's weight (last stage): untied, the shared copy, or the embedding.
+    pub(crate) fn output_weight(&self) -> Result<&Param> {
+        match (&self.output_layer, &self.shared_embedding, &self.embedding) {
+            (Some(p), _, _) | (None, Some(p), _) => Ok(p),
+            (None, None, Some(e)) => Ok(&e.word_embeddings.weight),
+            (None, None, None) => bail!("pipeline stage {} has no output layer", self.ctx.pp_rank),
+        }
+    }
+
+    /// Logits `(rows, V_padded/tp)` of the output layer on `head_in (rows, C)`.
     pub(crate) fn head_logits(&self, head_in: &DeviceTensor, rows: usize) -> Result<DeviceTensor> {
-        let mut logits = self.backend.zeros(&[rows, self.vocab_padded], DType::F32)?;
-        let w = match &self.output_layer {
-            Some(p) => &p.value,
-            None => &self.embedding.word_embeddings.weight.value,
-        };
-        linear_forward(self.backend.as_ref(), head_in, w, self.vocab_mask.as_ref(), &mut logits)?;
+        let local = self.vocab_padded / self.ctx.tp_size();
+        let mut logits = self.backend.zeros(&[rows, local], DType::F32)?;
+        copy_to_tp_region_forward(&self.ctx, head_in)?;
+        linear_forward(
+            self.backend.as_ref(),
+            head_in,
+            &self.output_weight()?.value,
+            self.vocab_mask.as_ref(),
+            &mut logits,
+        )?;
         Ok(logits)
     }
 
@@ -127,33 +214,13 @@ impl HybridModel {
         self.vocab_padded
     }
 
-    fn ids(&self, v: &[i32], what: &str, limit: usize, mask: Option<&[f32]>) -> Result<DeviceTensor> {
+    pub(crate) fn ids(&self, v: &[i32], what: &str, limit: usize, mask: Option<&[f32]>) -> Result<DeviceTensor> {
         for (i, &id) in v.iter().enumerate() {
             if mask.is_none_or(|m| m[i] != 0.0) && (id < 0 || id as usize >= limit) {
                 bail!("{what} id {id} at position {i} is outside the vocabulary [0, {limit}); check the tokenizer and --vocab-size");
             }
         }
         self.backend.from_host(HostBuffer::I32(v.to_vec()), &[v.len()])
-    }
-
-    /// Embedding, layers, final norm and logits; returns the stream and the head input.
-    fn run(&mut self, ids: &DeviceTensor, step: &StepInfo) -> Result<(Vec<DeviceTensor>, DeviceTensor)> {
-        let be = self.backend.clone();
-        let be = be.as_ref();
-        let shape = [step.batch, step.seq, self.config.hidden_size];
-        let mut x = be.zeros(&shape, DType::F32)?;
-        self.embedding.forward(ids, &mut x, step)?;
-        let mut stream = vec![x];
-        for layer in &mut self.layers {
-            let mut y = be.zeros(&shape, DType::F32)?;
-            layer.forward(stream.last().unwrap_or_else(|| unreachable!()), &mut y, step)?;
-            stream.push(y);
-        }
-        let mut head_in = be.zeros(&shape, DType::F32)?;
-        self.final_norm.forward(stream.last().unwrap_or_else(|| unreachable!()), &mut head_in)?;
-        self.logits = self.head_logits(&head_in, step.tokens())?;
-        self.logits.reshape(&[step.batch, step.seq, self.vocab_padded])?;
-        Ok((stream, head_in))
     }
 }
 
@@ -163,87 +230,56 @@ impl Model for HybridModel {
     }
 
     fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
-        let (b, s) = (batch.micro_batch_size, batch.seq_length);
-        let n = b * s;
-        if batch.tokens.len() != n || batch.labels.len() != n || batch.loss_mask.len() != n {
-            bail!("batch of {b}x{s} must have {n} tokens, labels and loss-mask entries");
-        }
-        let train = mode == Mode::Train;
-        let step = StepInfo { batch: b, seq: s, train, seed: batch.seed };
-        let ids = self.ids(&batch.tokens, "token", self.vocab_padded, None)?;
-        let labels = self.ids(&batch.labels, "label", self.config.vocab_size, Some(&batch.loss_mask))?;
-        let (stream, head_in) = self.run(&ids, &step)?;
-        let losses = self.ce.forward(&self.logits, &labels, 0)?;
-        let mut report = LossReport::default();
-        for (l, &m) in losses.iter().zip(&batch.loss_mask) {
-            if m != 0.0 {
-                report.loss_sum += l * m as f64;
-                report.num_tokens += m as f64;
+        match self.stage_forward(0, batch, None, mode)? {
+            StageOutput::Loss(r) => Ok(r),
+            StageOutput::Hidden(_) => {
+                bail!(
+                    "{}: forward of the whole model on pipeline stage {}; use the pipeline schedule",
+                    self.name,
+                    self.ctx.pp_rank
+                )
             }
         }
-        self.saved = train.then(|| Saved { step, ids, labels, loss_mask: batch.loss_mask.clone(), stream, head_in });
-        Ok(report)
     }
 
     fn backward(&mut self, grad_scale: f32) -> Result<()> {
-        let Some(s) = self.saved.take() else { bail!("{} backward called without a training forward", self.name) };
-        let be = self.backend.clone();
-        let be = be.as_ref();
-        let d_loss: Vec<f32> = s.loss_mask.iter().map(|m| m * grad_scale).collect();
-        let d_loss = be.from_host(HostBuffer::F32(d_loss), &[s.step.tokens()])?;
-        self.ce.backward_inplace(&mut self.logits, &s.labels, 0, &d_loss)?;
-        let mut d_head = be.zeros(s.head_in.shape(), DType::F32)?;
-        let w = match self.output_layer.as_mut() {
-            Some(p) => p,
-            None => &mut self.embedding.word_embeddings.weight,
-        };
-        linear_backward(be, &s.head_in, &w.value, &self.logits, Some(&mut d_head), &mut w.grad, None)?;
-        let mut d_res = be.zeros(s.head_in.shape(), DType::F32)?;
-        self.final_norm.backward(&d_head, &s.stream[self.layers.len()], &mut d_res)?;
-        let mut scratch = BackwardScratch::new(be)?;
-        for (i, layer) in self.layers.iter_mut().enumerate().rev() {
-            layer.backward(
-                &s.stream[i],
-                &mut d_res,
-                &mut scratch.d_branch,
-                &mut scratch.d_norm,
-                &mut scratch.inner,
-                &s.step,
-            )?;
-        }
-        self.embedding.backward(&s.ids, &d_res, &s.step)
+        self.stage_backward(0, None, grad_scale, &mut |_| Ok(())).map(|_| ())
     }
 
     fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
+        if self.ctx.pp_size() > 1 {
+            bail!("{}: logits of the whole model need pp = 1", self.name);
+        }
         if tokens.len() != micro_batch_size * seq_length {
             bail!("{} tokens given for a {micro_batch_size}x{seq_length} batch", tokens.len());
         }
         let step = StepInfo { batch: micro_batch_size, seq: seq_length, train: false, seed: 0 };
         let ids = self.ids(tokens, "token", self.vocab_padded, None)?;
-        self.saved = None;
-        self.run(&ids, &step)?;
+        self.run_stage(Some(&ids), None, &step)?;
         let mut out = self.backend.zeros(self.logits.shape(), DType::F32)?;
         self.backend.copy(&self.logits, &mut out)?;
         Ok(out)
     }
 
     fn params(&self) -> Vec<&Param> {
-        let mut v = self.embedding.params();
+        let mut v = self.embedding.as_ref().map(|e| e.params()).unwrap_or_default();
         for l in &self.layers {
             v.extend(l.params());
         }
-        v.extend(self.final_norm.params());
+        v.extend(self.final_norm.as_ref().map(|n| n.params()).unwrap_or_default());
         v.extend(self.output_layer.as_ref());
+        v.extend(self.shared_embedding.as_ref());
         v
     }
 
     fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut v = self.embedding.params_mut();
+        let mut v = self.embedding.as_mut().map(|e| e.params_mut()).unwrap_or_default();
         for l in &mut self.layers {
             v.extend(l.params_mut());
         }
-        v.extend(self.final_norm.params_mut());
+        v.extend(self.final_norm.as_mut().map(|n| n.params_mut()).unwrap_or_default());
         v.extend(self.output_layer.as_mut());
+        v.extend(self.shared_embedding.as_mut());
         v
     }
 
@@ -257,5 +293,41 @@ impl Model for HybridModel {
 
     fn flops_per_iteration(&self, samples: usize) -> f64 {
         self.config.flops_per_iteration(samples, self.ctx.tp_size())
+    }
+
+    fn is_first_stage(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    fn is_last_stage(&self) -> bool {
+        self.final_norm.is_some()
+    }
+
+    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
+        self.backend.zeros(&[batch.micro_batch_size, batch.seq_length, self.config.hidden_size], DType::F32)
+    }
+
+    fn forward_stage(
+        &mut self,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        self.stage_forward(microbatch, batch, input, mode)
+    }
+
+    fn backward_stage(
+        &mut self,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        self.stage_backward(microbatch, grad_output, grad_scale, on_grads_ready)
+    }
+
+    fn finalize_grads(&mut self) -> Result<()> {
+        self.all_reduce_shared_embedding_grad()
     }
 }

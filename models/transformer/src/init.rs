@@ -196,6 +196,7 @@ impl ModuleBuilder {
             shared_copy: false,
             expert_parallel: false,
             tp_chunks,
+            tp_blocks: Vec::new(),
         };
         Ok(Param { name: name.to_string(), value, grad, layout })
     }

@@ -149,7 +149,9 @@ fn write_shard(
         } else {
             // A chunked parameter (split along dim 0): block c's rows are contiguous locally and
             // go to their own place in the global tensor, under their own key.
-            if layout.tp_axis != Some(0) || shape.is_empty() || !shape[0].is_multiple_of(layout.tp_chunks) {
+            let whole_blocks =
+                !layout.tp_blocks.is_empty() || shape.first().is_some_and(|r| r.is_multiple_of(layout.tp_chunks));
+            if layout.tp_axis != Some(0) || shape.is_empty() || !whole_blocks {
                 bail!(
                     "`{name}`: a parameter of {} tensor-parallel blocks must be split along dim 0 into \
                      whole blocks (local shape {shape:?})",

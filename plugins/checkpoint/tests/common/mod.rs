@@ -94,6 +94,7 @@ pub fn layout(global: &[usize], tp_axis: Option<usize>, tp_rank: usize, tp_size:
         shared_copy: false,
         expert_parallel: false,
         tp_chunks: 1,
+        tp_blocks: Vec::new(),
     }
 }
 
