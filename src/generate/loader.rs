@@ -212,6 +212,12 @@ pub fn tokenizer_for(registry: &Registry, flags: &LoadArgs, args: &Value) -> Res
 
 /// Loads `flags.load` into a tp = 1 GPT on the chosen backend.
 pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> {
+    load_model_on(registry, flags, ParallelContext::single())
+}
+
+/// Loads this rank's shard (`ctx`: its tensor-parallel slice of its pipeline stage's layers)
+/// of `flags.load`, whatever TP layout the checkpoint was saved with.
+pub fn load_model_on(registry: &Registry, flags: &LoadArgs, ctx: ParallelContext) -> Result<LoadedModel> {
     let dir = &flags.load;
     let ckpt = megatron_checkpoint::load(dir, flags.ckpt_step)
         .with_context(|| format!("opening checkpoint {} (--load)", dir.display()))?;
@@ -237,7 +243,7 @@ pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> 
     check_config_against_tensors(&config, padded, &ckpt)?;
     let backend: Arc<dyn Backend> =
         registry.backend(&flags.backend, json!({ "threads": flags.threads })).context("building the backend")?;
-    let mut model = GptModel::new(config, backend.clone(), ParallelContext::single())?;
+    let mut model = GptModel::new(config, backend.clone(), ctx)?;
     {
         let mut params = megatron_core::Model::params_mut(&mut model);
         ckpt.load_params(&mut params, backend.as_ref())
