@@ -47,7 +47,7 @@ class Stats:
 
     def fail(self, role, what):
         with self.lock:
-            if len(self.failures) < 20:
+            if sum(f.startswith(role + ":") for f in self.failures) < 3:
                 self.failures.append(f"{role}: {what}")
             d = self.by_role[role]
             d["FAIL"] = d.get("FAIL", 0) + 1
@@ -107,6 +107,7 @@ def do_json(args, rng, stats, role, method, path, body, check):
 def do_stream(args, rng, stats, role, path, body, pause=0.0, drop_after=None):
     c = conn(args)
     c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    sock = c.sock  # the response takes it over (close-delimited body)
     r = c.getresponse()
     if r.status != 200:
         check_status(stats, role, r.status, r.read())
@@ -123,7 +124,9 @@ def do_stream(args, rng, stats, role, path, body, pause=0.0, drop_after=None):
                 done = True
                 break
             if drop_after is not None and events >= drop_after:
-                c.sock.close()  # gone mid-stream: the server must free the slot
+                sock.shutdown(socket.SHUT_RDWR)  # gone mid-stream: the server must free the slot
+                r.close()
+                sock.close()
                 stats.add(role, "dropped")
                 return
         if pause:
