@@ -158,9 +158,13 @@ impl Driver {
 }
 
 /// A follower rank: makes the driver's model calls on this rank's shard until [`Plan::Stop`].
-/// An error aborts the world (the driver's next call fails with it) and is returned.
+/// An error or a panic aborts the world (the driver's next call fails with it) and is returned.
 pub fn follow(model: &mut GptModel) -> Result<()> {
-    let r = follow_plans(model);
+    // A panic must abort the world too, or the driver would wait for this rank until the timeout.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| follow_plans(model))).unwrap_or_else(|p| {
+        let what = p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+        Err(anyhow::anyhow!("panicked: {}", what.unwrap_or_else(|| "a non-string panic payload".into())))
+    });
     if let Err(e) = &r {
         let ctx = model.parallel_context();
         ctx.comm.abort(&format!("serving rank {} failed: {e:#}", ctx.rank));
