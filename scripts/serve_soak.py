@@ -203,7 +203,7 @@ def worker(args, idx, deadline, stats):
                 do_json(args, rng, stats, role, "PUT", "/api", b, lambda r: "text" in r and "tokens" in r)
             elif role == "slowread":
                 b = completion_body(rng, v, True)
-                b["max_tokens"] = 32
+                b["max_tokens"] = 64  # more than the engine's read-ahead bound of 32 events
                 do_stream(args, rng, stats, role, "/v1/completions", b, pause=0.2)
             elif role == "drop":
                 b = completion_body(rng, v, True)
