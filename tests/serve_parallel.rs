@@ -122,3 +122,33 @@ fn llama_style_model_served_at_tp2_pp2_matches_tp1() {
     let rank0 = ranks.remove(0);
     assert_same("llama-style at tp2 x pp2", &serve_greedy(loaded(rank0, vocab), ranks, vocab), &want);
 }
+
+/// A follower that fails outside any collective (its shard has a smaller vocabulary, so it
+/// refuses the driver's token ids) aborts the world: the driver, waiting for the logits of
+/// that last stage, gets the follower's error at once instead of the communicator's 60 s
+/// timeout, the request is answered with it, and the server shuts down.
+#[test]
+fn a_failing_follower_fails_the_request_instead_of_hanging() {
+    let vocab = 64;
+    let backend = || -> Arc<dyn Backend> { Arc::new(megatron_cpu::CpuBackend::with_threads(1).unwrap()) };
+    let grid = RankGrid::new(2, 1, 1, 2).unwrap();
+    let comms = LocalCommunicator::world(2, Duration::from_secs(60));
+    let rank0 = GptModel::new(llama(vocab), backend(), grid.context(0, comms[0].clone())).unwrap();
+    let wrong = llama(32);
+    let rank1 = GptModel::new(wrong, backend(), grid.context(1, comms[1].clone())).unwrap();
+    let opts = ServeOptions { http_threads: 2, log: false, ..Default::default() };
+    let srv = start_ranks(loaded(rank0, vocab), vec![rank1], "127.0.0.1", 0, opts).unwrap();
+    let t0 = std::time::Instant::now();
+    let body = json!({"prompts": ["40 41 42"], "tokens_to_generate": 4, "top_k": 1}).to_string();
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(s, "PUT /api HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    eprintln!("{}", raw.lines().last().unwrap_or_default());
+    assert!(!raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(raw.contains("serving rank 1 failed") && raw.contains("outside the vocabulary"), "{raw}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "answered after {:?}", t0.elapsed());
+    srv.shutdown();
+}
