@@ -17,7 +17,12 @@
 //! ([`Submit::unread`]): a slow client pauses only its own sequence, its events never pile up
 //! without bound, and a client that went away is noticed (a failed write) before its sequence
 //! can run on to its `max_tokens`.
+//!
+//! Tensor and pipeline parallelism: with a model that is one shard of several, this loop runs
+//! on global rank 0 and drives the other ranks ([`crate::ranks`]): each model call is first
+//! broadcast to them, and the logits come back to this rank; nothing else changes.
 
+use crate::ranks::{Driver, Plan};
 use crate::sampling::{log_prob, sample, SamplingParams};
 use anyhow::{bail, Result};
 use megatron_gpt::{GptModel, SlotKvCache};
@@ -214,6 +219,8 @@ pub struct Engine {
     vocab: usize,
     rope: bool,
     stats: Arc<EngineStats>,
+    /// Model-parallel serving: the other ranks follow this loop's model calls.
+    driver: Option<Driver>,
 }
 
 /// Builds the loop for `model` (whose true vocabulary is `vocab_size`) and its handle: the
@@ -241,16 +248,40 @@ pub fn engine(model: &GptModel, vocab_size: usize, cfg: &EngineConfig) -> Result
         EngineHandle { tx, slots, slot_capacity: capacity, queue_limit: cfg.queue_limit.max(1), stats: stats.clone() };
     let vocab = vocab_size.min(model.padded_vocab_size());
     let rope = model.config().uses_rope();
-    Ok((handle, Engine { rx, cache, slots: (0..slots).map(|_| None).collect(), vocab, rope, stats }))
+    let driver = Driver::for_model(model)?;
+    let slots = (0..slots).map(|_| None).collect();
+    Ok((handle, Engine { rx, cache, slots, vocab, rope, stats, driver }))
 }
 
 impl Engine {
     /// Runs until `stop` is set or every handle is dropped (and nothing is in flight).
+    /// With a model-parallel model the followers are told to stop when it returns.
     pub fn run(mut self, model: &mut GptModel, stop: &AtomicBool) {
+        if let Some(d) = self.driver.as_mut() {
+            let init = Plan::Init { slots: self.cache.slots(), capacity: self.cache.capacity() };
+            if let Err(e) = d.send(model, &init) {
+                eprintln!("serving engine: the model-parallel ranks did not start: {e:#}");
+                return;
+            }
+        }
+        self.run_loop(model, stop);
+        if let Some(d) = self.driver.as_mut() {
+            d.stop(model);
+        }
+    }
+
+    fn run_loop(&mut self, model: &mut GptModel, stop: &AtomicBool) {
         loop {
             if stop.load(Ordering::SeqCst) {
                 self.cancel_all("the server is shutting down");
                 return;
+            }
+            if let Some(d) = self.driver.as_mut() {
+                if let Err(e) = d.heartbeat(model) {
+                    eprintln!("serving engine: a model-parallel rank failed: {e:#}");
+                    self.cancel_all("a model-parallel rank failed");
+                    return;
+                }
             }
             if self.active() == 0 {
                 match self.rx.recv_timeout(Duration::from_millis(50)) {
@@ -308,7 +339,7 @@ impl Engine {
             return;
         }
         self.cache.free(slot);
-        let logits = match model.forward_slots(&r.prompt, &[slot], &mut self.cache) {
+        let logits = match self.forward(model, &r.prompt, &[slot]) {
             Ok(l) => l,
             Err(e) => {
                 self.cache.free(slot);
@@ -383,7 +414,7 @@ impl Engine {
         let vp = model.padded_vocab_size();
         for group in groups {
             let tokens: Vec<i32> = group.iter().map(|&s| self.slots[s].as_ref().map_or(0, |q| q.last)).collect();
-            match model.forward_slots(&tokens, &group, &mut self.cache) {
+            match self.forward(model, &tokens, &group) {
                 Ok(logits) => {
                     for (i, &slot) in group.iter().enumerate() {
                         if let Some(seq) = self.slots[slot].take() {
@@ -437,6 +468,14 @@ impl Engine {
         seq.prev = seq.last;
         seq.last = token;
         self.slots[slot] = Some(seq);
+    }
+
+    /// One model call: on this rank alone, or broadcast to the followers first.
+    fn forward(&mut self, model: &mut GptModel, tokens: &[i32], slots: &[usize]) -> Result<Vec<f32>> {
+        match self.driver.as_mut() {
+            Some(d) => d.forward(model, tokens, slots, &mut self.cache),
+            None => model.forward_slots(tokens, slots, &mut self.cache),
+        }
     }
 
     fn retire(&mut self, slot: usize) {

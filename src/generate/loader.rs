@@ -264,6 +264,12 @@ pub fn tokenizer_for(registry: &Registry, flags: &LoadArgs, args: &Value) -> Res
 
 /// Loads `flags.load` into a tp = 1 GPT on the chosen backend.
 pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> {
+    load_model_on(registry, flags, ParallelContext::single())
+}
+
+/// Loads this rank's shard (`ctx`: its tensor-parallel slice of its pipeline stage's layers)
+/// of `flags.load`, whatever TP layout the checkpoint was saved with.
+pub fn load_model_on(registry: &Registry, flags: &LoadArgs, ctx: ParallelContext) -> Result<LoadedModel> {
     let dir = &flags.load;
     let ckpt = megatron_checkpoint::load(dir, flags.ckpt_step)
         .with_context(|| format!("opening checkpoint {} (--load)", dir.display()))?;
@@ -293,7 +299,12 @@ pub fn load_model(registry: &Registry, flags: &LoadArgs) -> Result<LoadedModel> 
     let backend: Arc<dyn Backend> =
         registry.backend(&flags.backend, json!({ "threads": flags.threads })).context("building the backend")?;
     let mut model = match moe {
-        None => GptModel::new(config, backend.clone(), ParallelContext::single())?,
+        None => GptModel::new(config, backend.clone(), ctx)?,
+        Some(_) if ctx.world_size() > 1 => bail!(
+            "{} is a Mixture-of-Experts model: it loads on one rank only here (drop --nproc and the \
+             parallel sizes)",
+            dir.display()
+        ),
         Some(moe) => build_moe_model(registry, config, moe, backend.clone(), &ckpt)?,
     };
     {

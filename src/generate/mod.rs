@@ -14,5 +14,5 @@ pub mod t5;
 pub use megatron_serving::sampling;
 
 pub use engine::{Generated, GenerationParams, Generator};
-pub use loader::{load_model, LoadArgs, LoadedModel};
+pub use loader::{load_model, load_model_on, LoadArgs, LoadedModel};
 pub use sampling::SamplingParams;

@@ -4,6 +4,7 @@
 /// The bounded HTTP/1.1 layer lives in the serving crate.
 pub use megatron_serving::http;
 pub mod continuous;
+pub mod ranks;
 pub mod request;
 pub mod server;
 
@@ -11,7 +12,7 @@ use crate::generate::{load_model, LoadArgs};
 use anyhow::Result;
 use clap::Args;
 use megatron_core::Registry;
-pub use server::{start, Batching, ServeOptions, ServerHandle};
+pub use server::{start, start_ranks, Batching, ServeOptions, ServerHandle};
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
@@ -63,6 +64,14 @@ pub struct ServeArgs {
     /// Do not print a line per request.
     #[arg(long)]
     pub quiet: bool,
+    /// Ranks as threads of this process (= tensor x pipeline parallel size): rank 0 runs the
+    /// continuous-batching engine, the others follow its model calls on their shards.
+    #[arg(long, default_value_t = 1)]
+    pub nproc: usize,
+    #[arg(long, default_value_t = 1)]
+    pub tensor_model_parallel_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub pipeline_model_parallel_size: usize,
 }
 
 /// `123`, `64KiB`, `512MiB`, `2GiB` (also KB/MB/GB as powers of 1000).
@@ -85,7 +94,18 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
-    let loaded = load_model(registry, &args.load)?;
+    let (loaded, followers) =
+        if args.nproc == 1 && args.tensor_model_parallel_size * args.pipeline_model_parallel_size == 1 {
+            (load_model(registry, &args.load)?, Vec::new())
+        } else {
+            ranks::load_ranks(
+                registry,
+                &args.load,
+                args.nproc,
+                args.tensor_model_parallel_size,
+                args.pipeline_model_parallel_size,
+            )?
+        };
     let api_key = args.api_key.clone().or_else(|| std::env::var("MEGATRON_API_KEY").ok()).filter(|k| !k.is_empty());
     let loopback = args.host == "localhost" || args.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
     if !loopback && api_key.is_none() {
@@ -113,7 +133,7 @@ pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
         chat_template,
         max_body_bytes: args.max_body_bytes,
     };
-    let handle = start(loaded, &args.host, args.port, opts)?;
+    let handle = start_ranks(loaded, followers, &args.host, args.port, opts)?;
     let what = match args.batching {
         Batching::Continuous => {
             "PUT /api, POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"

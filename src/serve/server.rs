@@ -12,6 +12,7 @@ use super::request::{parse, ApiRequest};
 use crate::generate::{GenerationParams, Generator, LoadedModel};
 use anyhow::{anyhow, Result};
 use megatron_core::Tokenizer;
+use megatron_gpt::GptModel;
 use megatron_serving::api::{complete, models, ApiContext, ChatRenderer};
 use megatron_serving::openai::{constant_time_eq, ApiError, RequestLimits};
 use megatron_serving::EngineConfig;
@@ -124,6 +125,28 @@ impl Drop for ServerHandle {
 
 /// Binds `host:port` (port 0 = any free port) and starts the accept, HTTP and model threads.
 pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> Result<ServerHandle> {
+    start_ranks(loaded, Vec::new(), host, port, opts)
+}
+
+/// [`start`] with a tensor/pipeline-parallel model: `loaded` holds global rank 0's shard (it
+/// runs the engine) and `followers` the other ranks' shards, each of which gets a thread that
+/// repeats the engine's model calls ([`megatron_serving::ranks::follow`]). Continuous batching only.
+pub fn start_ranks(
+    loaded: LoadedModel,
+    followers: Vec<GptModel>,
+    host: &str,
+    port: u16,
+    opts: ServeOptions,
+) -> Result<ServerHandle> {
+    let world = loaded.model.parallel_context().world_size();
+    if world != followers.len() + 1 {
+        return Err(anyhow!("a model of {world} ranks needs {} follower shards, got {}", world - 1, followers.len()));
+    }
+    if world > 1 && opts.batching == Batching::Static {
+        return Err(anyhow!(
+            "--batching static decodes at tensor and pipeline parallel size 1; use --batching continuous with --nproc"
+        ));
+    }
     let listener =
         TcpListener::bind(format!("{host}:{port}")).map_err(|e| anyhow!("cannot listen on {host}:{port}: {e}"))?;
     let mut addr = listener.local_addr()?;
@@ -143,6 +166,15 @@ pub fn start(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> 
     if opts.batching == Batching::Continuous {
         let cfg = EngineConfig { max_batch_size: max_batch, ..opts.engine.clone() };
         let (handle, engine) = megatron_serving::engine(&loaded.model, loaded.vocab_size, &cfg)?;
+        // Started only now: a follower waits for the engine's first plan, which comes next.
+        for mut m in followers {
+            let rank = m.parallel_context().rank;
+            threads.push(std::thread::Builder::new().name(format!("megatron-rank{rank}")).spawn(move || {
+                if let Err(e) = megatron_serving::ranks::follow(&mut m) {
+                    eprintln!("serving rank {rank} stopped: {e:#}");
+                }
+            })?);
+        }
         let template = opts.chat_template.clone();
         api = Some(ApiContext {
             model_name: opts.model_name.clone(),

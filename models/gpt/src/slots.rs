@@ -6,11 +6,12 @@
 //! and freed independently: a request is prefilled into a free slot while others decode, and
 //! its slot is reused as soon as it finishes. Positions are absolute per slot (`len + t`), so a
 //! request's logits do not depend on which other requests share the step. Rotary models need
-//! one offset per call (the caller groups rows by length). Needs tp = pp = 1, like `KvCache`.
+//! one offset per call (the caller groups rows by length). Tensor and pipeline parallel models
+//! run it on every rank in step (see [`GptModel::forward_slots`]); sequence parallelism is refused.
 
 use crate::model::GptModel;
-use anyhow::{bail, Result};
-use megatron_core::{DType, DeviceTensor, HostBuffer};
+use anyhow::{bail, Context, Result};
+use megatron_core::{DType, DeviceTensor, HostBuffer, ParallelContext};
 use megatron_transformer::step::ensure_shape;
 use megatron_transformer::{linear_forward, LayerKvCache, StepInfo};
 
@@ -68,18 +69,22 @@ impl GptModel {
         })
     }
 
+    /// The ranks this model is one shard of (tensor and pipeline parallel layout).
+    pub fn parallel_context(&self) -> &ParallelContext {
+        &self.ctx
+    }
+
     /// Runs `tokens (B, Tq)`: row `r` continues slot `slots[r]` at position `cache.len(slot)`.
     /// Appends their keys/values and returns the logits `(B, Tq, V_padded)` on the host.
+    ///
+    /// With tensor and pipeline parallelism every rank of the model calls this with the same
+    /// arguments (a collective): the first stage embeds the tokens, each stage sends its hidden
+    /// states `(B, Tq, C)` to the next, the last stage all-gathers its vocab-parallel logits
+    /// over the TP group and sends the full logits back to the first stage. The logits are
+    /// returned on the first and the last stage; the stages in between return an empty vector.
     pub fn forward_slots(&mut self, tokens: &[i32], slots: &[usize], cache: &mut SlotKvCache) -> Result<Vec<f32>> {
-        let Some(embedding) = self.embedding.as_mut() else {
-            bail!("kv-cache decoding runs the whole model; this is a later pipeline stage (use pp = 1)");
-        };
-        if self.output_layer.is_none() && self.shared_embedding.is_some() {
-            bail!("kv-cache decoding runs the whole model; this is one pipeline stage of several (use pp = 1)");
-        }
-        let tp = embedding.word_embeddings.weight.layout.tp_size;
-        if tp != 1 {
-            bail!("kv-cache decoding needs --tensor-model-parallel-size 1 (the model has tp = {tp})");
+        if self.sequence_parallel() {
+            bail!("kv-cache decoding does not run with --sequence-parallel; load the model without it");
         }
         let b = slots.len();
         if b == 0 || tokens.is_empty() || !tokens.len().is_multiple_of(b) {
@@ -97,30 +102,82 @@ impl GptModel {
         if let Some(&bad) = tokens.iter().find(|&&t| t < 0 || t as usize >= vocab) {
             bail!("token id {bad} is outside the vocabulary [0, {vocab}); check the tokenizer");
         }
-        let bk = self.backend.as_ref();
-        let ids = bk.from_host(HostBuffer::I32(tokens.to_vec()), &[tokens.len()])?;
-        let positions: Vec<i32> = offsets.iter().flat_map(|&o| (o..o + tq).map(|p| p as i32)).collect();
-        let positions = bk.from_host(HostBuffer::I32(positions), &[tokens.len()])?;
+        let bk = self.backend.clone();
+        let bk = bk.as_ref();
         let step = StepInfo { batch: b, seq: tq, train: false, seed: 0 };
         self.stash.clear();
         self.live = None;
+        let (first, last) = (self.ctx.is_first_stage(), self.ctx.is_last_stage());
+        let pp = &self.ctx.pp_group;
+        let stage = self.ctx.pp_rank;
 
         let input = self.decoder.input_mut(&step)?;
-        embedding.word_embeddings.forward(&ids, input)?;
-        if let Some(pos) = &embedding.position_embeddings {
-            bk.embedding_forward(&positions, &pos.value, 0, input, true)?;
+        match self.embedding.as_mut() {
+            Some(embedding) => {
+                // Vocab-parallel lookup (all-reduced over TP) at absolute positions.
+                let ids = bk.from_host(HostBuffer::I32(tokens.to_vec()), &[tokens.len()])?;
+                embedding.word_embeddings.forward(&ids, input)?;
+                if let Some(pos) = &embedding.position_embeddings {
+                    let positions: Vec<i32> = offsets.iter().flat_map(|&o| (o..o + tq).map(|p| p as i32)).collect();
+                    let positions = bk.from_host(HostBuffer::I32(positions), &[tokens.len()])?;
+                    bk.embedding_forward(&positions, &pos.value, 0, input, true)?;
+                }
+            }
+            None => self
+                .ctx
+                .comm
+                .recv(pp, input, pp.ranks[stage - 1])
+                .with_context(|| format!("stage {stage}: receiving the hidden states of the previous stage"))?,
         }
         self.decoder.forward_slots(&step, &mut cache.layers, slots, &offsets)?;
-
-        ensure_shape(bk, &mut cache.logits, &[b, tq, vocab])?;
-        let w = match &self.output_layer {
-            Some(p) => &p.value,
-            None => &embedding.word_embeddings.weight.value,
-        };
-        linear_forward(bk, self.decoder.output(), w, None, &mut cache.logits)?;
         for &s in slots {
             cache.lens[s] += tq;
         }
-        Ok(bk.to_host(&cache.logits)?.to_f32_vec())
+        if !last {
+            self.ctx
+                .comm
+                .send(pp, self.decoder.output(), pp.ranks[stage + 1])
+                .with_context(|| format!("stage {stage}: sending the hidden states to the next stage"))?;
+            if !first {
+                return Ok(Vec::new());
+            }
+            // The first stage gets the full logits back from the last one.
+            let mut logits = bk.zeros(&[b, tq, vocab], DType::F32)?;
+            let src = *pp.ranks.last().unwrap_or(&pp.ranks[0]);
+            self.ctx.comm.recv(pp, &mut logits, src).context("receiving the logits of the last stage")?;
+            return Ok(bk.to_host(&logits)?.to_f32_vec());
+        }
+        let tp = self.ctx.tp_size();
+        ensure_shape(bk, &mut cache.logits, &[b, tq, vocab / tp])?;
+        let w = match (&self.output_layer, &self.shared_embedding, &self.embedding) {
+            (Some(p), _, _) | (None, Some(p), _) => &p.value,
+            (None, None, Some(e)) => &e.word_embeddings.weight.value,
+            (None, None, None) => bail!("pipeline stage {stage} has no output layer"),
+        };
+        linear_forward(bk, self.decoder.output(), w, None, &mut cache.logits)?;
+        let local = bk.to_host(&cache.logits)?.to_f32_vec();
+        let full = if tp == 1 { local } else { self.gather_vocab(&cache.logits, b * tq)? };
+        if !first {
+            let t = bk.from_host(HostBuffer::F32(full.clone()), &[b, tq, vocab])?;
+            self.ctx.comm.send(pp, &t, pp.ranks[0]).context("sending the logits to the first stage")?;
+        }
+        Ok(full)
+    }
+
+    /// The full `(rows, V_padded)` logits from this rank's vocab-parallel `(rows, V/tp)` slice:
+    /// all-gathered over TP (group order = vocab order), then the slices put side by side.
+    fn gather_vocab(&self, local: &DeviceTensor, rows: usize) -> Result<Vec<f32>> {
+        let (tp, bk) = (self.ctx.tp_size(), self.backend.as_ref());
+        let mut gathered = bk.zeros(&[tp * local.numel()], DType::F32)?;
+        self.ctx.comm.all_gather(&self.ctx.tp_group, local, &mut gathered).context("gathering the logits over TP")?;
+        let g = bk.to_host(&gathered)?.to_f32_vec();
+        let vl = local.numel() / rows.max(1);
+        let mut full = vec![0f32; g.len()];
+        for (r, part) in g.chunks(rows * vl).enumerate() {
+            for (row, src) in part.chunks(vl).enumerate() {
+                full[row * vl * tp + r * vl..][..vl].copy_from_slice(src);
+            }
+        }
+        Ok(full)
     }
 }
