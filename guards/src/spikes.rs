@@ -3,7 +3,7 @@
 //! healthy — then both values join their histories — or is a spike of one of them and joins
 //! neither (its update is not applied, so it must not shift what "normal" means).
 
-use crate::{Spike, SpikeDetector};
+use crate::{Spike, SpikeDetector, SpikeScore};
 
 /// Which value spiked, with the detector's numbers.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -13,16 +13,33 @@ pub enum SpikeVerdict {
 }
 
 impl SpikeVerdict {
-    /// `"loss spike: 6.1 vs mean 1.20 ± 0.05 of the last 20 iterations (z 98.0 > 6)"`.
+    /// `"loss spike: 6.1 vs expected 1.20 ± 0.05 (trend of up to 20 recent iterations,
+    /// z 98.0 > 6)"`.
     pub fn describe(&self, window: usize, threshold: f64) -> String {
+        self.describe_scored(window, threshold, SpikeScore::Trend)
+    }
+
+    /// [`Self::describe`] naming the score that judged.
+    pub fn describe_scored(&self, window: usize, threshold: f64, score: SpikeScore) -> String {
         let (what, s) = match self {
             SpikeVerdict::Loss(s) => ("loss", s),
             SpikeVerdict::GradNorm(s) => ("grad-norm", s),
         };
+        let basis = match score {
+            SpikeScore::Trend => "trend",
+            SpikeScore::Mean => "mean",
+        };
         format!(
-            "{what} spike: {:.4} vs mean {:.4} ± {:.4} of up to {window} recent iterations (z {:.1} > {threshold})",
-            s.value, s.mean, s.std, s.z
+            "{what} spike: {:.4} vs expected {:.4} ± {:.4} ({basis} of up to {window} recent iterations, z {:.1} > {threshold})",
+            s.value, s.expected, s.spread, s.z
         )
+    }
+
+    /// The detector's numbers.
+    pub fn spike(&self) -> &Spike {
+        match self {
+            SpikeVerdict::Loss(s) | SpikeVerdict::GradNorm(s) => s,
+        }
     }
 }
 
@@ -34,11 +51,21 @@ pub struct SpikeGuards {
 }
 
 impl SpikeGuards {
-    /// `None` thresholds switch a detector off.
+    /// `None` thresholds switch a detector off; both score with [`SpikeScore::Trend`].
     pub fn new(window: usize, loss_threshold: Option<f64>, grad_norm_threshold: Option<f64>) -> SpikeGuards {
+        SpikeGuards::with_score(window, loss_threshold, grad_norm_threshold, SpikeScore::Trend)
+    }
+
+    /// [`Self::new`] with the given score (`--spike-score`).
+    pub fn with_score(
+        window: usize,
+        loss_threshold: Option<f64>,
+        grad_norm_threshold: Option<f64>,
+        score: SpikeScore,
+    ) -> SpikeGuards {
         SpikeGuards {
-            loss: loss_threshold.map(|z| SpikeDetector::new(window, z)),
-            grad_norm: grad_norm_threshold.map(|z| SpikeDetector::new(window, z)),
+            loss: loss_threshold.map(|z| SpikeDetector::with_score(window, z, score)),
+            grad_norm: grad_norm_threshold.map(|z| SpikeDetector::with_score(window, z, score)),
         }
     }
 
@@ -78,7 +105,7 @@ mod tests {
             assert_eq!(g.check(2.0 + wiggle, 1.0 - wiggle), None, "iteration {i}");
         }
         let Some(SpikeVerdict::GradNorm(s)) = g.check(2.0, 9.0) else { panic!("grad-norm spike missed") };
-        assert!(s.z > 5.0 && (s.mean - 1.0).abs() < 1e-9);
+        assert!(s.z > 5.0 && (s.expected - 1.0).abs() < 1e-9);
         let Some(SpikeVerdict::Loss(_)) = g.check(7.0, 1.0) else { panic!("loss spike missed") };
         // Neither spike entered a history: the same ordinary values still pass, and the
         // same spikes are still caught.
