@@ -3,13 +3,16 @@
 # time) and step time of `megatron pretrain` on the same flags, mock data, 2 iterations (Adam
 # state exists after the first, so the second iteration passes every phase with everything
 # allocated). Usage: scripts/plan_vs_rss.sh [path/to/megatron] [config-filter]
-# LOCK=/work/heavy.lock takes that lock around each pair of runs (shared machines).
+# LOCK=/work/heavy.lock takes that lock around each pair of runs (shared machines); NICE=19
+# runs them niced. Before each pretrain the script waits (up to 5 min) until MemAvailable
+# exceeds the plan's prediction + 3 GiB, and skips the config otherwise.
 # Prints one row per config; the machine may be shared: say so next to the numbers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${1:-target/release/megatron}
 FILTER=${2:-}
 LOCK=${LOCK:-}
+NICE=${NICE:-0}
 [ -x "$M" ] || { echo "build $M first (cargo build --release --bin megatron)"; exit 1; }
 gpt2="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --vocab-size 50257"
 m350="--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --vocab-size 50257"
@@ -35,15 +38,21 @@ common="--mock-data --train-iters 2 --lr 1e-4 --eval-iters 0 --eval-interval 100
 locked() { if [ -n "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
 pair() {
   # shellcheck disable=SC2086
-  "$M" plan $flags $common --memory-budget 1T >"$tmp/plan" 2>&1 || return 1
+  nice -n "$NICE" "$M" plan $flags $common --memory-budget 1T >"$tmp/plan" 2>&1 || return 1
+  need=$(( $(sed -n 's/.*process total.*(\([0-9]*\) bytes).*/\1/p' "$tmp/plan") / 1024 + 3 * 1024 * 1024 ))
+  for _ in $(seq 60); do
+    (( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) > need )) && break
+    sleep 5
+  done
+  (( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) > need )) || { echo "not enough free memory" >"$tmp/err"; return 1; }
   # shellcheck disable=SC2086
-  /usr/bin/time -v "$M" pretrain $flags $common >"$tmp/out" 2>"$tmp/err"
+  /usr/bin/time -v nice -n "$NICE" "$M" pretrain $flags $common >"$tmp/out" 2>"$tmp/err"
 }
 printf "%-15s %9s %9s %7s %8s %8s %6s  %s\n" config plan_GiB rss_GiB ratio plan_s step_s s_ratio "largest transient"
 for c in "${configs[@]}"; do
   name=${c%% *}; flags=${c#* }
   [[ -n "$FILTER" && "$name" != *$FILTER* ]] && continue
-  export M flags common tmp
+  export M flags common tmp NICE
   if ! locked bash -c "$(declare -f pair); pair"; then cat "$tmp/plan"; tail -5 "$tmp/err"; continue; fi
   bytes=$(sed -n 's/.*process total.*(\([0-9]*\) bytes).*/\1/p' "$tmp/plan")
   pstep=$(sed -n 's/predicted step time: \([0-9.]*\) s.*/\1/p' "$tmp/plan")

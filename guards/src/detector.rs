@@ -157,6 +157,11 @@ impl SpikeDetector {
         (z > self.threshold).then_some(Spike { value, expected, spread, z })
     }
 
+    /// Drops the newest value of the history (a rewind going back before it).
+    pub fn forget_last(&mut self) {
+        self.history.pop_back();
+    }
+
     /// Adds `value` to the history (the oldest one leaves a full window).
     pub fn accept(&mut self, value: f64) {
         if self.history.len() == self.window {

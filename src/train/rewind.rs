@@ -65,7 +65,7 @@ impl Trainer {
             .guard
             .spikes
             .get_or_insert_with(|| SpikeGuards::with_score(window, z, a.grad_norm_spike_threshold, score));
-        let Some(verdict) = guards.check(loss, norm) else { return Ok(false) };
+        let Some(verdict) = guards.check_at(iteration, loss, norm) else { return Ok(false) };
         let threshold = match verdict {
             megatron_guards::SpikeVerdict::Loss(_) => z.unwrap_or_default(),
             megatron_guards::SpikeVerdict::GradNorm(_) => a.grad_norm_spike_threshold.unwrap_or_default(),
@@ -154,6 +154,10 @@ impl Trainer {
         self.cfg.args = a;
         self.cfg.args.skip_train_samples = merged;
         loaded?;
+        // The detectors forget the iterations the rewind undid (their replay comes again).
+        if let Some(g) = &mut self.guard.spikes {
+            g.forget_after(self.state.iteration);
+        }
         if self.is_rank0() {
             println!(
                 " guard: {}; rewound to iteration {} of {}, samples {}..{} are skipped from now on",
