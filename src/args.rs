@@ -366,7 +366,8 @@ pub struct PretrainArgs {
     #[arg(long, hide = true, value_name = "ITER:MB:PARAM")]
     pub inject_nan_grad: Option<String>,
     /// Loss spike detector: an iteration whose loss is more than Z standard deviations above
-    /// the mean of the last --spike-window healthy iterations is handled by --on-spike.
+    /// what the last --spike-window healthy iterations predict (--spike-score) is handled by
+    /// --on-spike.
     #[arg(long, value_name = "Z")]
     pub spike_threshold: Option<f64>,
     /// The same detector on the gradient norm.
@@ -384,4 +385,9 @@ pub struct PretrainArgs {
     /// offending batch; the list is stored in checkpoints and merged on load.
     #[arg(long, num_args = 1.., value_name = "SAMPLE")]
     pub skip_train_samples: Vec<u64>,
+    /// How the spike detectors score an iteration: `trend` (residual from a robust linear
+    /// trend of the window, so a steep loss descent does not hide a jump) or `mean` (plain
+    /// z-score against the window's mean and standard deviation).
+    #[arg(long, default_value = "trend", value_parser = ["trend", "mean"])]
+    pub spike_score: String,
 }

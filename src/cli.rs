@@ -182,7 +182,12 @@ pub fn pretrain(args: &PretrainArgs, registry: &Registry, stop: Arc<AtomicBool>)
         crate::distributed::Backend::Mpi => crate::train::run_mpi_rank(&args, &registry, stop),
         crate::distributed::Backend::Local => {
             let cfg = TrainConfig::from_args(&args, args.nproc)?;
-            crate::train::run_ranks(cfg, &registry, stop)
+            let summary = crate::train::run_ranks(cfg.clone(), &registry, stop)?;
+            // The planner's prediction next to what this process really peaked at (issue 19).
+            if let Some(line) = crate::plan_cli::peak_report(&cfg, &registry) {
+                println!("{line}");
+            }
+            Ok(summary)
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `megatron plan`: the `pretrain` flags in, the planner's per-stage memory, FLOPs and step
 //! time out (the `megatron-plan` crate), without building a model. The GEMM rate is measured
-//! on the chosen backend with the threads one rank would get, unless `--gemm-gflops` is given.
+//! on the chosen backend with the threads one rank would get, at the shape of the model's MLP
+//! GEMM, unless `--gemm-gflops` is given.
 
 use crate::args::PretrainArgs;
 use crate::config::TrainConfig;
@@ -47,6 +48,9 @@ pub fn plan_input(cfg: &TrainConfig, vocab_size: usize) -> Result<PlanInput> {
     if a.model != "gpt" {
         bail!("megatron plan knows the shapes of the `gpt` model only (got --model {})", a.model);
     }
+    if a.moe.num_experts.is_some() {
+        bail!("megatron plan does not know mixture-of-experts layers (--num-experts); plan the dense model");
+    }
     let padded = cfg.padded_vocab(vocab_size);
     let mut gpt: megatron_gpt::GptConfig =
         serde_json::from_value(cfg.model_config(vocab_size)).context("model flags do not form a GPT config")?;
@@ -90,21 +94,42 @@ pub fn plan_input(cfg: &TrainConfig, vocab_size: usize) -> Result<PlanInput> {
             }
             (false, None) => None,
         },
+        fp32_residual: gpt.fp32_residual_connection,
+        rms_norm: gpt.normalization == megatron_transformer::NormKind::RMSNorm,
     })
 }
 
-pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
-    let a = &args.pretrain;
-    let cfg = TrainConfig::from_args(a, a.nproc)?;
-    let vocab_size = match (&cfg.tokenizer_type, a.tokenizer.vocab_size) {
+/// The vocabulary size `pretrain` would use (the tokenizer's, or `--vocab-size` with mock data).
+fn vocab_size(cfg: &TrainConfig, registry: &Registry) -> Result<usize> {
+    Ok(match (&cfg.tokenizer_type, cfg.args.tokenizer.vocab_size) {
         (Some(t), _) => registry
             .tokenizer(t, cfg.tokenizer_config())
             .with_context(|| format!("building tokenizer {t} (for the vocabulary size)"))?
             .vocab_size(),
         (None, Some(v)) => v,
         (None, None) => bail!("--mock-data without --tokenizer-type needs --vocab-size"),
-    };
-    let input = plan_input(&cfg, vocab_size)?;
+    })
+}
+
+/// The line `pretrain` prints at the end of a run whose ranks are all threads of this process:
+/// the plan's predicted process peak next to the measured peak RSS. `None` for models the
+/// planner does not know (or off Linux).
+pub fn peak_report(cfg: &TrainConfig, registry: &Registry) -> Option<String> {
+    let input = plan_input(cfg, vocab_size(cfg, registry).ok()?).ok()?;
+    let predicted = megatron_plan::plan(&input).process_bytes();
+    let measured = (crate::bench::peak_rss_mib()? * (1u64 << 20) as f64) as u128;
+    Some(format!(
+        " > memory: plan predicted peak {} (megatron plan), measured peak RSS {} (VmHWM), predicted/measured {:.3}",
+        report::human(predicted),
+        report::human(measured),
+        predicted as f64 / measured as f64
+    ))
+}
+
+pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
+    let a = &args.pretrain;
+    let cfg = TrainConfig::from_args(a, a.nproc)?;
+    let input = plan_input(&cfg, vocab_size(&cfg, registry)?)?;
     let budget = match &args.memory_budget {
         Some(s) => parse_bytes(s)?,
         None => crate::train::memory::machine_memory().map_or(u128::MAX, |m| m.limit),
@@ -115,7 +140,10 @@ pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
         None => {
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let backend = registry.backend(&a.backend, json!({ "threads": (cores / world).max(1) }))?;
-            crate::bench::gemm_gflops(backend.as_ref(), 512, 512, 512, (false, true))? * 1e9
+            // At the shape of the model's first MLP GEMM (tokens x F/tp x C), where most FLOPs go.
+            let tokens = (input.micro_batch * input.seq).clamp(64, 4096);
+            let ffn = (input.ffn / input.tp).max(64);
+            crate::bench::gemm_gflops(backend.as_ref(), tokens, ffn, input.hidden, (false, true))? * 1e9
         }
     };
     print!("{}", report::render(&input, Some(rate), budget));

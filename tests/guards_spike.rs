@@ -4,7 +4,9 @@
 //! the last checkpoint, puts the batch's samples on the skip list and records the list in that
 //! checkpoint; the replay matches the unguarded run bit for bit up to the batch and never
 //! trains on it, and a run resumed from the checkpoint the rewind went back to skips it too.
-//! `--on-nan rewind` does the same for the NaN of `--inject-nan-grad`.
+//! `--on-nan rewind` does the same for the NaN of `--inject-nan-grad`. With a window of 10
+//! the trend score catches the first spike during the steep descent (the mean/std score
+//! misses it).
 
 mod common;
 
@@ -96,6 +98,36 @@ fn a_crafted_spike_is_rewound_and_never_seen_again() {
     for (i, l) in &resumed.losses {
         assert_eq!(l.to_bits(), loss_at(&guarded.losses, *i).to_bits(), "iteration {i}");
     }
+}
+
+/// With a window of 10 the first crafted spike comes while the loss still falls steeply: the
+/// default trend score (robust line through the window) catches it, the plain mean/std score
+/// (`--spike-score mean`) takes the descent for noise and misses it (it catches the later one).
+#[test]
+fn window_10_catches_the_spike_during_the_descent() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("counting_text_document");
+    write_corpus(&prefix).unwrap();
+    let data = prefix.to_str().unwrap();
+    let plain = pretrain(&run_flags(data, "")).unwrap();
+    // The first iteration whose loss more than doubles: the poisoned batch.
+    let first = (2..=40u64).find(|&i| loss_at(&plain.losses, i) > 2.0 * loss_at(&plain.losses, i - 1)).unwrap();
+    let guarded = |score: &str, name: &str| {
+        let save = dir.path().join(name);
+        let flags = format!(
+            "--spike-threshold 5 --spike-window 10 --spike-score {score} --on-spike rewind --save {} --save-interval 4",
+            save.display()
+        );
+        pretrain(&run_flags(data, &flags)).unwrap()
+    };
+    let trend = guarded("trend", "trend");
+    let caught: Vec<u64> = trend.rewinds.iter().map(|r| r.iteration).collect();
+    eprintln!("first spike at {first}; trend score rewound {caught:?}");
+    assert_eq!(caught.first(), Some(&first), "trend score at window 10: {:?}", plain.losses);
+    let mean = guarded("mean", "mean");
+    let caught_mean: Vec<u64> = mean.rewinds.iter().map(|r| r.iteration).collect();
+    eprintln!("mean score rewound {caught_mean:?}");
+    assert!(!caught_mean.contains(&first), "the plain score was expected to miss iteration {first}");
 }
 
 #[test]

@@ -7,16 +7,19 @@
 //! * [`layer_grad_norms`]: per-layer gradient norms (`decoder.layers.N` grouped), for
 //!   `--log-per-layer-grad-norms`.
 //! * [`SpikeDetector`]: z-score of the loss or grad norm against a window of recent values
-//!   (`--spike-threshold`).
+//!   (`--spike-threshold`): by default the residual from a robust linear trend in robust
+//!   standard deviations, so a spike during a steep descent stands out ([`detector`]).
 //! * [`OnNan`] and [`SkipList`]: the `skip | stop | rewind` policy and the sample indices a
 //!   rewound run must skip (serialized into the checkpoint so a resumed run skips them too).
 //! * [`SpikeGuards`]: the loss and grad-norm detectors of one run together, judging an
 //!   iteration before its update (a spike is kept out of both histories).
 
+pub mod detector;
 mod spikes;
 
+pub use detector::{Spike, SpikeDetector, SpikeScore};
 pub use spikes::{SpikeGuards, SpikeVerdict};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
 /// The first parameter (in model order) with a non-finite gradient.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,66 +64,6 @@ pub fn layer_grad_norms<'a>(names_and_sq: impl IntoIterator<Item = (&'a str, f64
         }
     }
     out.into_iter().map(|(g, s)| (g, s.sqrt())).collect()
-}
-
-/// A value far outside the recent ones.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Spike {
-    pub value: f64,
-    pub mean: f64,
-    pub std: f64,
-    pub z: f64,
-}
-
-/// z-score over the last `window` accepted values; needs `min_history` of them before it
-/// judges, and a spike is not added to the history (a run of spikes stays visible).
-#[derive(Clone, Debug)]
-pub struct SpikeDetector {
-    pub window: usize,
-    pub threshold: f64,
-    pub min_history: usize,
-    history: VecDeque<f64>,
-}
-
-impl SpikeDetector {
-    pub fn new(window: usize, threshold: f64) -> SpikeDetector {
-        let window = window.max(2);
-        SpikeDetector { window, threshold, min_history: (window / 2).max(2), history: VecDeque::new() }
-    }
-
-    /// Judges `value` against the history, then (if not a spike) adds it.
-    pub fn observe(&mut self, value: f64) -> Option<Spike> {
-        let spike = self.judge(value);
-        if spike.is_none() {
-            self.accept(value);
-        }
-        spike
-    }
-
-    /// Whether `value` is a spike against the history (the history is not changed).
-    pub fn judge(&self, value: f64) -> Option<Spike> {
-        if !value.is_finite() {
-            return Some(Spike { value, mean: f64::NAN, std: f64::NAN, z: f64::INFINITY });
-        }
-        if self.history.len() < self.min_history {
-            return None;
-        }
-        let n = self.history.len() as f64;
-        let mean = self.history.iter().sum::<f64>() / n;
-        let var = self.history.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-        // A floor on the spread: a perfectly flat history must not flag tiny changes.
-        let std = var.sqrt().max(1e-3 * mean.abs()).max(1e-12);
-        let z = (value - mean) / std;
-        (z > self.threshold).then_some(Spike { value, mean, std, z })
-    }
-
-    /// Adds `value` to the history (the oldest one leaves a full window).
-    pub fn accept(&mut self, value: f64) {
-        if self.history.len() == self.window {
-            self.history.pop_front();
-        }
-        self.history.push_back(value);
-    }
 }
 
 /// What to do on a non-finite value or a spike (`--on-nan`).

@@ -69,3 +69,36 @@ fn skip_list_ranges_and_batches() {
     assert!(!s.any_in(0, 8) && !s.any_in(12, 28) && !s.any_in(42, u64::MAX));
     assert_eq!(s.samples().collect::<Vec<_>>(), vec![8, 9, 10, 11, 40, 41]);
 }
+
+/// A loss falling fast (exponential decay to a floor, ±2 % noise): with window 10 the mean/std
+/// score takes the descent for noise and misses a jump that doubles the loss, the trend score
+/// catches it; over 300 ordinary steps of the same curve neither flags anything.
+#[test]
+fn trend_score_catches_a_spike_during_a_steep_descent() {
+    let curve = |i: usize, x: &mut u64| {
+        *x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let noise = ((*x >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.04; // ±2 %
+        (0.4 + 9.0 * (-(i as f64) / 8.0).exp()) * (1.0 + noise)
+    };
+    for score in [SpikeScore::Trend, SpikeScore::Mean] {
+        let mut d = SpikeDetector::with_score(10, 5.0, score);
+        let mut x = 11u64;
+        for i in 0..300 {
+            let l = curve(i, &mut x);
+            assert_eq!(d.observe(l), None, "{score:?}: ordinary step {i} ({l}) flagged");
+        }
+    }
+    let mut trend = SpikeDetector::with_score(10, 5.0, SpikeScore::Trend);
+    let mut mean = SpikeDetector::with_score(10, 5.0, SpikeScore::Mean);
+    let mut x = 11u64;
+    let mut last = 0.0;
+    for i in 0..20 {
+        last = curve(i, &mut x);
+        trend.observe(last);
+        mean.observe(last);
+    }
+    let jump = 2.0 * last;
+    assert!(mean.judge(jump).is_none(), "the plain score was expected to miss it: {:?}", mean.judge(jump));
+    let s = trend.judge(jump).expect("trend score misses the spike");
+    assert!(s.z > 5.0 && s.expected < last, "{s:?}");
+}

@@ -32,7 +32,7 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
         input.optimizer_floats,
     );
     s += &format!(
-        "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11}\n",
+        "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11} {:>11}  {}\n",
         "stage",
         "layers",
         "params/rank",
@@ -40,15 +40,16 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
         "grads",
         "main",
         "optimizer",
-        "dp buckets",
         "in-flight",
         "activations",
         "workspace",
-        "total/rank"
+        "transient",
+        "total/rank",
+        "transient phase"
     );
     for st in &p.stages {
         s += &format!(
-            "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11}\n",
+            "{:>5} {:>6} {:>12} {:>11} {:>11} {:>11} {:>11} {:>9} {:>12} {:>11} {:>11} {:>11}  {}\n",
             st.stage,
             st.layers,
             st.params,
@@ -56,11 +57,12 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
             human(st.grad_bytes),
             human(st.main_param_bytes),
             human(st.optimizer_bytes),
-            human(st.grad_buffer_bytes),
             st.in_flight,
             human(st.activation_bytes),
             human(st.workspace_bytes),
+            human(st.transient_bytes),
             human(st.total()),
+            st.transient_phase,
         );
     }
     s += &format!(

@@ -2,7 +2,8 @@
 //!
 //! * `--spike-threshold` / `--grad-norm-spike-threshold`: after the gradient norm and before
 //!   the update, the iteration's loss and norm are judged against the last `--spike-window`
-//!   healthy iterations (z-score). A spike is handled by `--on-spike`: `skip` drops the update,
+//!   healthy iterations (z-score against their robust linear trend, or their mean with
+//!   `--spike-score mean`). A spike is handled by `--on-spike`: `skip` drops the update,
 //!   `stop` ends the run, `rewind` (also `--on-nan rewind`) drops the update and then, between
 //!   iterations, reloads the last checkpoint (`--save`, else `--load`), adds the offending
 //!   global batch's samples to `--skip-train-samples` and saves that checkpoint again so the
@@ -12,7 +13,7 @@
 //!   the LR schedule does not), so the replay after a rewind — and any run resumed from a
 //!   checkpoint that carries the list — never trains on it again.
 //!
-//! Cost: two z-scores per iteration; a rewind costs one checkpoint load and one save.
+//! Cost: two z-scores per iteration (the trend fit is O(window²) on the host: microseconds); a rewind costs one checkpoint load and one save.
 
 use super::{TrainSummary, Trainer};
 use anyhow::{bail, Result};
@@ -59,8 +60,12 @@ impl Trainer {
     pub(super) fn guard_spikes(&mut self, iteration: u64, consumed: u64, loss: f64, norm: f64) -> Result<bool> {
         let a = &self.cfg.args;
         let (window, z) = (a.spike_window, a.spike_threshold);
-        let guards = self.guard.spikes.get_or_insert_with(|| SpikeGuards::new(window, z, a.grad_norm_spike_threshold));
-        let Some(verdict) = guards.check(loss, norm) else { return Ok(false) };
+        let score = megatron_guards::SpikeScore::parse(&a.spike_score).map_err(anyhow::Error::msg)?;
+        let guards = self
+            .guard
+            .spikes
+            .get_or_insert_with(|| SpikeGuards::with_score(window, z, a.grad_norm_spike_threshold, score));
+        let Some(verdict) = guards.check_at(iteration, loss, norm) else { return Ok(false) };
         let threshold = match verdict {
             megatron_guards::SpikeVerdict::Loss(_) => z.unwrap_or_default(),
             megatron_guards::SpikeVerdict::GradNorm(_) => a.grad_norm_spike_threshold.unwrap_or_default(),
@@ -68,7 +73,7 @@ impl Trainer {
         let (gbs, policy) = (self.cfg.global_batch_size as u64, a.on_spike.clone());
         let what = format!(
             "{} at iteration {iteration} (samples {consumed}..{})",
-            verdict.describe(window, threshold),
+            verdict.describe_scored(window, threshold, score),
             consumed + gbs
         );
         match policy.as_str() {
@@ -149,6 +154,10 @@ impl Trainer {
         self.cfg.args = a;
         self.cfg.args.skip_train_samples = merged;
         loaded?;
+        // The detectors forget the iterations the rewind undid (their replay comes again).
+        if let Some(g) = &mut self.guard.spikes {
+            g.forget_after(self.state.iteration);
+        }
         if self.is_rank0() {
             println!(
                 " guard: {}; rewound to iteration {} of {}, samples {}..{} are skipped from now on",
