@@ -236,6 +236,9 @@ impl TrainConfig {
                 "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
             );
         }
+        if per_step > 0 {
+            crate::virtual_pipeline_args::check(a, gbs / per_step).into_iter().for_each(|e| need(false, e));
+        }
         if a.model == "bert" {
             crate::bert_args::check(a, tokenizer_type.as_deref()).into_iter().for_each(|e| need(false, e));
         }
@@ -358,6 +361,12 @@ impl TrainConfig {
             (false, true) => Some(megatron_core::DType::F16),
             (false, false) => None,
         }
+    }
+
+    /// Model chunks per pipeline rank (interleaved 1F1B; 1 without it). Validated in
+    /// [`TrainConfig::new`](crate::virtual_pipeline_args).
+    pub fn virtual_pipeline_size(&self) -> usize {
+        crate::virtual_pipeline_args::virtual_pipeline_size(&self.args).unwrap_or(1)
     }
 
     /// Padded vocabulary (SPEC §3.2).

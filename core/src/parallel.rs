@@ -103,6 +103,8 @@ impl RankGrid {
             ep_rank: 0,
             ep_group: Group::new("ep", vec![rank]),
             edp_group: self.group_varying(rank, "edp", [false, true, true, false]),
+            virtual_pp_size: 1,
+            virtual_pp_rank: 0,
         }
     }
 }
@@ -136,6 +138,11 @@ pub struct ParallelContext {
     /// Expert-data-parallel group: the replicas of this rank's experts; expert gradients are
     /// reduced over it instead of the DP×CP group (SPEC §5.8). With ep = 1 it is the DP×CP group.
     pub edp_group: Group,
+    /// Model chunks per pipeline rank (interleaved 1F1B, SPEC §5.5); 1 without interleaving.
+    pub virtual_pp_size: usize,
+    /// Which of this rank's model chunks a model built with this context is (virtual stage
+    /// `virtual_pp_rank · pp + pp_rank`); 0 without interleaving.
+    pub virtual_pp_rank: usize,
 }
 
 impl std::fmt::Debug for ParallelContext {
@@ -167,13 +174,34 @@ impl ParallelContext {
     pub fn world_size(&self) -> usize {
         self.grid.world_size()
     }
-    /// Megatron's `pre_process`: this stage holds the embedding.
+    /// Megatron's `pre_process`: this stage holds the embedding (with interleaving: the first
+    /// model chunk of pipeline rank 0).
     pub fn is_first_stage(&self) -> bool {
-        self.pp_rank == 0
+        self.pp_rank == 0 && self.virtual_pp_rank == 0
     }
-    /// Megatron's `post_process`: this stage holds the final norm, output layer and loss.
+    /// Megatron's `post_process`: this stage holds the final norm, output layer and loss (with
+    /// interleaving: the last model chunk of the last pipeline rank).
     pub fn is_last_stage(&self) -> bool {
-        self.pp_rank + 1 == self.grid.pp
+        self.pp_rank + 1 == self.grid.pp && self.virtual_pp_rank + 1 == self.virtual_pp_size
+    }
+
+    /// The context of model chunk `chunk` of `vp` on this rank (interleaved 1F1B, SPEC §5.5):
+    /// a model built with it holds virtual pipeline stage `chunk · pp + pp_rank`. Groups and
+    /// ranks are unchanged; only [`ParallelContext::is_first_stage`] /
+    /// [`ParallelContext::is_last_stage`] and the layers a model builds depend on the chunk.
+    pub fn with_virtual_stage(mut self, vp: usize, chunk: usize) -> Result<ParallelContext> {
+        if vp == 0 || chunk >= vp {
+            bail!("model chunk {chunk} does not exist with {vp} chunks per pipeline rank");
+        }
+        self.virtual_pp_size = vp;
+        self.virtual_pp_rank = chunk;
+        Ok(self)
+    }
+
+    /// This rank's virtual pipeline stage (`virtual_pp_rank · pp + pp_rank`) and their number
+    /// (`pp · vp`); `(pp_rank, pp)` without interleaving.
+    pub fn virtual_stage(&self) -> (usize, usize) {
+        (self.virtual_pp_rank * self.grid.pp + self.pp_rank, self.grid.pp * self.virtual_pp_size)
     }
 
     /// This context with `ep`-way expert parallelism (SPEC §5.1, §5.8): the expert grid is
