@@ -275,6 +275,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn virtual_stages_move_first_and_last_to_the_end_chunks() {
+        let g = RankGrid::new(2, 1, 1, 2).unwrap();
+        let ctx = |r: usize, c: usize| g.context(r, Arc::new(SingleRankCommunicator)).with_virtual_stage(2, c).unwrap();
+        // Virtual stages: rank 0 chunk 0 = 0, rank 1 chunk 0 = 1, rank 0 chunk 1 = 2, rank 1 chunk 1 = 3.
+        let flags = |r, c| (ctx(r, c).is_first_stage(), ctx(r, c).is_last_stage(), ctx(r, c).virtual_stage());
+        assert_eq!(flags(0, 0), (true, false, (0, 4)));
+        assert_eq!(flags(1, 0), (false, false, (1, 4)));
+        assert_eq!(flags(0, 1), (false, false, (2, 4)));
+        assert_eq!(flags(1, 1), (false, true, (3, 4)));
+        let plain = g.context(1, Arc::new(SingleRankCommunicator));
+        assert!(plain.is_last_stage() && plain.virtual_stage() == (1, 2));
+        assert!(g.context(0, Arc::new(SingleRankCommunicator)).with_virtual_stage(2, 2).is_err());
+    }
+
+    #[test]
     fn grid_groups_match_spec_example() {
         // SPEC §5.1: W=8, tp=2, pp=2, dp=2.
         let g = RankGrid::new(8, 2, 1, 2).unwrap();
