@@ -236,8 +236,8 @@ impl TrainConfig {
                 "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
             );
         }
-        if per_step > 0 {
-            crate::virtual_pipeline_args::check(a, gbs / per_step).into_iter().for_each(|e| need(false, e));
+        if let Some(m) = gbs.checked_div(per_step) {
+            crate::virtual_pipeline_args::check(a, m).into_iter().for_each(|e| need(false, e));
         }
         if a.model == "bert" {
             crate::bert_args::check(a, tokenizer_type.as_deref()).into_iter().for_each(|e| need(false, e));

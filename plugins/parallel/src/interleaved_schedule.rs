@@ -148,8 +148,8 @@ impl Schedule for InterleavedOneFOneB {
         for (step, action) in order.iter().enumerate() {
             match *action {
                 ChunkAction::Forward { microbatch: mb, chunk } => {
-                    if !batches.contains_key(&mb) {
-                        batches.insert(mb, next_batch()?);
+                    if let std::collections::btree_map::Entry::Vacant(e) = batches.entry(mb) {
+                        e.insert(next_batch()?);
                     }
                     let batch = &batches[&mb];
                     let input = match ring.prev(chunk) {
