@@ -165,6 +165,18 @@ pub struct PretrainArgs {
     /// Decoder layers of the last pipeline stage (the LM head and loss live there too).
     #[arg(long)]
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// Interleaved 1F1B (SPEC §5.5): decoder layers per model chunk; each pipeline rank holds
+    /// (num-layers / pp) / N chunks (virtual stages), which shrinks the pipeline bubble to
+    /// (pp-1)/(chunks x microbatches). Example: `--nproc 2 --pipeline-model-parallel-size 2
+    /// --num-layers 4 --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 8`.
+    #[arg(long)]
+    pub num_layers_per_virtual_pipeline_stage: Option<usize>,
+    /// Interleaved 1F1B: model chunks per pipeline rank (instead of giving the layers per chunk).
+    #[arg(long, visible_alias = "virtual-pipeline-model-parallel-size")]
+    pub num_virtual_stages_per_pipeline_rank: Option<usize>,
+    /// Interleaved 1F1B: microbatches run through one chunk before the next (default: pp).
+    #[arg(long)]
+    pub microbatch_group_size_per_virtual_pipeline_stage: Option<usize>,
     /// Sequence parallelism (SPEC §5.3, needs --tensor-model-parallel-size > 1): norms,
     /// dropouts and residuals keep only this rank's 1/tp of the tokens; the TP all-reduces
     /// become all-gather / reduce-scatter pairs. Same losses, less activation memory. Example:

@@ -256,6 +256,9 @@ impl TrainConfig {
                 "GPT2BPETokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)".into(),
             );
         }
+        if let Some(m) = gbs.checked_div(per_step) {
+            crate::virtual_pipeline_args::check(a, m).into_iter().for_each(|e| need(false, e));
+        }
         if a.model == "bert" {
             crate::bert_args::check(a, tokenizer_type.as_deref()).into_iter().for_each(|e| need(false, e));
         }
@@ -385,6 +388,12 @@ impl TrainConfig {
             (false, true) => Some(megatron_core::DType::F16),
             (false, false) => None,
         }
+    }
+
+    /// Model chunks per pipeline rank (interleaved 1F1B; 1 without it). Validated in
+    /// [`TrainConfig::new`](crate::virtual_pipeline_args).
+    pub fn virtual_pipeline_size(&self) -> usize {
+        crate::virtual_pipeline_args::virtual_pipeline_size(&self.args).unwrap_or(1)
     }
 
     /// Padded vocabulary (SPEC §3.2).

@@ -38,6 +38,7 @@ pub mod signals;
 pub mod t5_args;
 pub mod tokenizer_flags;
 pub mod tools;
+pub mod virtual_pipeline_args;
 // The training driver calls megatron-optim and megatron-checkpoint directly (the `minimal`
 // build has neither: `megatron pretrain` then reports the features it needs).
 #[cfg(all(feature = "optim", feature = "checkpoint"))]

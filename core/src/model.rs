@@ -276,4 +276,42 @@ pub trait Model: Send {
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         Vec::new()
     }
+
+    /// Model chunks (virtual pipeline stages) this rank holds: 1 unless the model is a
+    /// [`crate::ModelChunks`] for the interleaved schedule (SPEC §5.5).
+    fn num_model_chunks(&self) -> usize {
+        1
+    }
+
+    /// [`Model::forward_stage`] of model chunk `chunk` (the interleaved schedule). The default
+    /// serves one-chunk models.
+    fn forward_chunk(
+        &mut self,
+        chunk: usize,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        if chunk != 0 {
+            bail!("model `{}` holds one model chunk, not chunk {chunk}", self.name());
+        }
+        self.forward_stage(microbatch, batch, input, mode)
+    }
+
+    /// [`Model::backward_stage`] of model chunk `chunk` (the interleaved schedule). The
+    /// default serves one-chunk models.
+    fn backward_chunk(
+        &mut self,
+        chunk: usize,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        if chunk != 0 {
+            bail!("model `{}` holds one model chunk, not chunk {chunk}", self.name());
+        }
+        self.backward_stage(microbatch, grad_output, grad_scale, on_grads_ready)
+    }
 }

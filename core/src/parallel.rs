@@ -107,6 +107,8 @@ impl RankGrid {
             etp_rank: 0,
             etp_group: Group::new("etp", vec![rank]),
             expert_mp_group: Group::new("expert-mp", vec![rank]),
+            virtual_pp_size: 1,
+            virtual_pp_rank: 0,
         }
     }
 }
@@ -149,6 +151,11 @@ pub struct ParallelContext {
     /// The ranks of this stage that together hold one copy of every expert (etp × ep ranks):
     /// the gradient norm adds the experts' squares up over it.
     pub expert_mp_group: Group,
+    /// Model chunks per pipeline rank (interleaved 1F1B, SPEC §5.5); 1 without interleaving.
+    pub virtual_pp_size: usize,
+    /// Which of this rank's model chunks a model built with this context is (virtual stage
+    /// `virtual_pp_rank · pp + pp_rank`); 0 without interleaving.
+    pub virtual_pp_rank: usize,
 }
 
 impl std::fmt::Debug for ParallelContext {
@@ -180,13 +187,34 @@ impl ParallelContext {
     pub fn world_size(&self) -> usize {
         self.grid.world_size()
     }
-    /// Megatron's `pre_process`: this stage holds the embedding.
+    /// Megatron's `pre_process`: this stage holds the embedding (with interleaving: the first
+    /// model chunk of pipeline rank 0).
     pub fn is_first_stage(&self) -> bool {
-        self.pp_rank == 0
+        self.pp_rank == 0 && self.virtual_pp_rank == 0
     }
-    /// Megatron's `post_process`: this stage holds the final norm, output layer and loss.
+    /// Megatron's `post_process`: this stage holds the final norm, output layer and loss (with
+    /// interleaving: the last model chunk of the last pipeline rank).
     pub fn is_last_stage(&self) -> bool {
-        self.pp_rank + 1 == self.grid.pp
+        self.pp_rank + 1 == self.grid.pp && self.virtual_pp_rank + 1 == self.virtual_pp_size
+    }
+
+    /// The context of model chunk `chunk` of `vp` on this rank (interleaved 1F1B, SPEC §5.5):
+    /// a model built with it holds virtual pipeline stage `chunk · pp + pp_rank`. Groups and
+    /// ranks are unchanged; only [`ParallelContext::is_first_stage`] /
+    /// [`ParallelContext::is_last_stage`] and the layers a model builds depend on the chunk.
+    pub fn with_virtual_stage(mut self, vp: usize, chunk: usize) -> Result<ParallelContext> {
+        if vp == 0 || chunk >= vp {
+            bail!("model chunk {chunk} does not exist with {vp} chunks per pipeline rank");
+        }
+        self.virtual_pp_size = vp;
+        self.virtual_pp_rank = chunk;
+        Ok(self)
+    }
+
+    /// This rank's virtual pipeline stage (`virtual_pp_rank · pp + pp_rank`) and their number
+    /// (`pp · vp`); `(pp_rank, pp)` without interleaving.
+    pub fn virtual_stage(&self) -> (usize, usize) {
+        (self.virtual_pp_rank * self.grid.pp + self.pp_rank, self.grid.pp * self.virtual_pp_size)
     }
 
     /// This context with `ep`-way expert parallelism and expert TP 1 (see
@@ -282,6 +310,21 @@ pub trait GradSync: Send {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn virtual_stages_move_first_and_last_to_the_end_chunks() {
+        let g = RankGrid::new(2, 1, 1, 2).unwrap();
+        let ctx = |r: usize, c: usize| g.context(r, Arc::new(SingleRankCommunicator)).with_virtual_stage(2, c).unwrap();
+        // Virtual stages: rank 0 chunk 0 = 0, rank 1 chunk 0 = 1, rank 0 chunk 1 = 2, rank 1 chunk 1 = 3.
+        let flags = |r, c| (ctx(r, c).is_first_stage(), ctx(r, c).is_last_stage(), ctx(r, c).virtual_stage());
+        assert_eq!(flags(0, 0), (true, false, (0, 4)));
+        assert_eq!(flags(1, 0), (false, false, (1, 4)));
+        assert_eq!(flags(0, 1), (false, false, (2, 4)));
+        assert_eq!(flags(1, 1), (false, true, (3, 4)));
+        let plain = g.context(1, Arc::new(SingleRankCommunicator));
+        assert!(plain.is_last_stage() && plain.virtual_stage() == (1, 2));
+        assert!(g.context(0, Arc::new(SingleRankCommunicator)).with_virtual_stage(2, 2).is_err());
+    }
 
     #[test]
     fn grid_groups_match_spec_example() {

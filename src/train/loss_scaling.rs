@@ -77,6 +77,30 @@ impl Model for ScaledLoss<'_> {
     fn finalize_grads(&mut self) -> Result<()> {
         self.inner.finalize_grads()
     }
+    fn num_model_chunks(&self) -> usize {
+        self.inner.num_model_chunks()
+    }
+    fn forward_chunk(
+        &mut self,
+        chunk: usize,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        self.inner.forward_chunk(chunk, microbatch, batch, input, mode)
+    }
+    /// As [`Model::backward_stage`]: only the last virtual stage uses `grad_scale`.
+    fn backward_chunk(
+        &mut self,
+        chunk: usize,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        self.inner.backward_chunk(chunk, microbatch, grad_output, grad_scale * self.scale, on_grads_ready)
+    }
 }
 
 impl Trainer {

@@ -151,13 +151,23 @@ pub fn build_trainer_with_comm(
         Some(config) => Some(registry.mlp_provider("moe", config)?),
         None => None,
     };
-    let model = registry
-        .model(
-            &a.model,
-            cfg.model_config(vocab_size),
-            &ModelEnv { backend: backend.clone(), ctx: ctx.clone(), mlp: moe_provider },
-        )
-        .with_context(|| format!("building model `{}`", a.model))?;
+    let vp = cfg.virtual_pipeline_size();
+    let build = |ctx: megatron_core::ParallelContext| {
+        registry
+            .model(
+                &a.model,
+                cfg.model_config(vocab_size),
+                &ModelEnv { backend: backend.clone(), ctx, mlp: moe_provider.clone() },
+            )
+            .with_context(|| format!("building model `{}`", a.model))
+    };
+    // Interleaved 1F1B (SPEC §5.5): one model per chunk (virtual stage), as one composite.
+    let model: Box<dyn megatron_core::Model> = if vp > 1 {
+        let chunks = (0..vp).map(|c| build(ctx.clone().with_virtual_stage(vp, c)?)).collect::<Result<Vec<_>>>()?;
+        Box::new(megatron_core::ModelChunks::new(chunks)?)
+    } else {
+        build(ctx.clone())?
+    };
     let optimizer = match a.optimizer.as_str() {
         "adam" => {
             registry.optimizer("adam", json!({ "beta1": a.adam_beta1, "beta2": a.adam_beta2, "eps": a.adam_eps }))?
@@ -168,7 +178,12 @@ pub fn build_trainer_with_comm(
     let lr_config = megatron_optim::lr_schedule_config_from_flags(&super::checkpointing::lr_flags(&cfg))?;
     let lr_schedule = registry.lr_schedule("megatron", serde_json::to_value(lr_config)?)?;
     // Pipelined runs need a schedule that moves activations between stages (SPEC §5.5).
-    let schedule = registry.schedule(if ctx.pp_size() > 1 { "1f1b" } else { "no-pipelining" }, json!({}))?;
+    let schedule = if vp > 1 {
+        let group = a.microbatch_group_size_per_virtual_pipeline_stage;
+        registry.schedule("interleaved-1f1b", json!({ "microbatch_group_size": group }))?
+    } else {
+        registry.schedule(if ctx.pp_size() > 1 { "1f1b" } else { "no-pipelining" }, json!({}))?
+    };
     let (grad_sync, optimizer) = if a.use_distributed_optimizer {
         let (sync, opt) = distributed_optimizer(&cfg, &model.params(), backend.clone(), &ctx)?;
         (Some(sync), opt)

@@ -261,6 +261,22 @@ impl GptConfig {
         crate::pipeline_split::stage_range(self.num_layers, pp, stage, first, last)
     }
 
+    /// Global layer numbers of model chunk `chunk` of pipeline rank `stage` with `vp` chunks
+    /// per rank (interleaved 1F1B, SPEC §5.5): virtual stage `chunk·pp + stage` of `pp·vp`
+    /// equal stages, Megatron's layer offset `chunk·L/vp + stage·L/(pp·vp)`.
+    pub fn virtual_stage_layers(&self, pp: usize, vp: usize, stage: usize, chunk: usize) -> Result<Range<usize>> {
+        if vp <= 1 {
+            return self.stage_layers(pp, stage);
+        }
+        if self.decoder_first_pipeline_num_layers.is_some() || self.decoder_last_pipeline_num_layers.is_some() {
+            anyhow::bail!(
+                "uneven first/last pipeline stages (--decoder-first/last-pipeline-num-layers) with an interleaved \
+                 pipeline are not implemented; drop one of them"
+            );
+        }
+        crate::pipeline_split::stage_range(self.num_layers, pp * vp, chunk * pp + stage, None, None)
+    }
+
     /// The per-layer sizes the transformer crate needs.
     pub fn transformer_config(&self) -> TransformerConfig {
         TransformerConfig {

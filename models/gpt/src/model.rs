@@ -84,7 +84,9 @@ impl GptModel {
         provider: &dyn SpecProvider,
     ) -> Result<GptModel> {
         config.validate()?;
-        let layers = config.stage_layers(ctx.pp_size(), ctx.pp_rank)?;
+        // With interleaving `ctx` names this model chunk (virtual stage) and its layers.
+        let layers =
+            config.virtual_stage_layers(ctx.pp_size(), ctx.virtual_pp_size, ctx.pp_rank, ctx.virtual_pp_rank)?;
         let (first, last) = (ctx.is_first_stage(), ctx.is_last_stage());
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;

@@ -13,8 +13,7 @@
 //! The table and warmup counts agree with megatron-core 0.16.1 (`get_schedule_table`,
 //! `get_pp_rank_microbatches`, checked by hand for the cases in the tests).
 //!
-//! Only the order lives here so far; running model chunks through it needs the model-chunk
-//! API (issue 13, not done yet).
+//! The `interleaved-1f1b` schedule (`interleaved_schedule.rs`) runs this order.
 
 use anyhow::{bail, Result};
 

@@ -2,19 +2,23 @@
 //! data-parallel gradient averaging, §5.6), the `single` communicator of a one-rank world and
 //! the `no-pipelining` schedule (gradient accumulation over microbatches, §5.5, §6.8).
 
+mod bubble;
 mod buckets;
 mod ddp;
 mod interleaved;
+mod interleaved_schedule;
 mod no_pipelining;
 mod one_f_one_b;
 mod single_comm;
 mod strategy;
 
+pub use bubble::simulated_bubble;
 pub use buckets::{default_bucket_size, layout_buckets, layout_buckets_separate, Bucket};
 pub use ddp::{DdpOptions, DdpReducer, ShardBucket};
 pub use interleaved::{
     bubble_fraction, check_interleaving, interleaved_order, interleaved_warmup, virtual_microbatch_table, ChunkAction,
 };
+pub use interleaved_schedule::{InterleavedConfig, InterleavedOneFOneB};
 pub use no_pipelining::NoPipelining;
 pub use one_f_one_b::{one_f_one_b_order, OneFOneB, PipelineAction};
 pub use single_comm::single_communicators;
@@ -64,6 +68,7 @@ fn plugins() -> Vec<Plugin> {
             factory: Factory::Schedule(no_pipelining_factory),
         },
         one_f_one_b::plugin(),
+        interleaved_schedule::plugin(),
     ]
 }
 
