@@ -57,7 +57,15 @@ pub fn plan_input(cfg: &TrainConfig, vocab_size: usize) -> Result<PlanInput> {
     gpt.padded_vocab_size = Some(padded);
     let heads = gpt.num_attention_heads;
     let recompute = match a.recompute_granularity.as_deref() {
-        Some("full") => Recompute::Full,
+        Some("full") => {
+            if a.recompute_method.as_deref() != Some("uniform") || a.recompute_num_layers.unwrap_or(1) != 1 {
+                bail!(
+                    "megatron plan models full recomputation with --recompute-method uniform \
+                     --recompute-num-layers 1 only (every layer keeps its input, one layer is rebuilt at a time)"
+                );
+            }
+            Recompute::Full
+        }
         Some(_) => Recompute::Selective,
         None if a.recompute_activations => Recompute::Selective,
         None => Recompute::None,

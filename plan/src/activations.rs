@@ -76,8 +76,8 @@ pub fn stage_activation_bytes(input: &PlanInput, layers: usize, last: bool) -> u
     let logits = if last { n * (input.padded_vocab / input.tp) as u128 * act_bytes(input) + 3 * n * 4 } else { 0 };
     let layers_bytes = match input.recompute {
         Recompute::None | Recompute::Selective => per_layer * layers as u128,
-        // (Not in `pretrain` yet.) Only each layer's input `(B, T, C)` is kept; backward
-        // rebuilds one layer at a time.
+        // `--recompute-granularity full --recompute-method uniform` (1 layer per unit): only each
+        // layer's input `(B, T, C)` is kept; backward rebuilds one layer at a time.
         Recompute::Full => n * c * residual_bytes(input) * layers as u128 + per_layer.min(per_layer * layers as u128),
     };
     layers_bytes + block + logits

@@ -333,8 +333,12 @@ pub fn suggestions(input: &PlanInput, budget: u128) -> Vec<Suggestion> {
         let bytes = plan(&next).process_bytes();
         out.push(Suggestion { change, process_bytes: bytes, fits: bytes <= budget });
     };
-    // No full-recompute suggestion: `pretrain` refuses --recompute-granularity full (only the
-    // selective core_attn recompute exists, which our attention already does).
+    if input.recompute != Recompute::Full {
+        try_one(
+            "--recompute-granularity full --recompute-method uniform".into(),
+            PlanInput { recompute: Recompute::Full, ..input.clone() },
+        );
+    }
     if input.micro_batch > 1 {
         let mb = input.micro_batch / 2;
         let more = input.num_microbatches * input.micro_batch / mb;
