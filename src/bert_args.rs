@@ -65,12 +65,25 @@ pub fn check(a: &PretrainArgs, tokenizer_type: Option<&str>) -> Vec<String> {
                 .to_string(),
         );
     }
-    if a.pipeline_model_parallel_size > 1 || a.context_parallel_size > 1 || a.sequence_parallel {
+    if a.context_parallel_size > 1 || a.sequence_parallel {
         errors.push(
-            "--model bert runs with tensor and data parallelism only: use --pipeline-model-parallel-size 1, \
-             --context-parallel-size 1 and no --sequence-parallel"
+            "--model bert runs with tensor, pipeline and data parallelism: use --context-parallel-size 1 and no \
+             --sequence-parallel"
                 .to_string(),
         );
+    }
+    let pp = a.pipeline_model_parallel_size.max(1);
+    if a.decoder_first_pipeline_num_layers.is_some() || a.decoder_last_pipeline_num_layers.is_some() {
+        errors.push(
+            "--model bert splits its encoder layers evenly over the pipeline stages: drop \
+             --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"
+                .to_string(),
+        );
+    } else if !a.num_layers.is_multiple_of(pp) || a.num_layers < pp {
+        errors.push(format!(
+            "--model bert: --num-layers {} must be a multiple of --pipeline-model-parallel-size {pp} (an even split)",
+            a.num_layers
+        ));
     }
     if a.swiglu || a.normalization != "LayerNorm" || a.position_embedding_type != "learned_absolute" {
         errors.push(

@@ -52,6 +52,10 @@ pub struct FinetuneArgs {
     pub seed: u64,
     #[arg(long, default_value_t = 10)]
     pub log_interval: usize,
+    /// Also report the accuracy on the training rows after every epoch (eval mode): tells an
+    /// optimisation problem (train accuracy stuck) from overfitting.
+    #[arg(long)]
+    pub eval_train: bool,
 }
 
 /// One encoded row: ids, types, real length, label.
@@ -185,6 +189,15 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
                 );
                 (loss_sum, rows_seen) = (0.0, 0);
             }
+        }
+        if args.eval_train {
+            let correct = accuracy(&mut model, &train, seq, mbs)?;
+            println!(
+                "epoch {} | training rows: accuracy {:.2}% ({correct}/{})",
+                epoch + 1,
+                100.0 * correct as f64 / train.len() as f64,
+                train.len()
+            );
         }
         for (path, rows) in &valid {
             let correct = accuracy(&mut model, rows, seq, mbs)?;

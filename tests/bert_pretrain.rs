@@ -1,8 +1,8 @@
 //! `megatron pretrain --model bert` end to end on the synthetic sentence-split fixture of the
 //! BERT dataset tests (216-token WordPiece vocabulary, 120 documents): Megatron's samples
 //! (packed by the `bert` dataset, unpacked by the model), `lm loss` and `sop loss` logged;
-//! tp = 2 and dp = 2 (ranks as threads) match the single-rank run; bad flag combinations are
-//! refused with messages naming the fix.
+//! tp = 2, dp = 2, pp = 2 and tp2·pp2 (ranks as threads, 1F1B) match the single-rank run; bad
+//! flag combinations are refused with messages naming the fix.
 
 mod common;
 use common::*;
@@ -39,7 +39,7 @@ fn sop_losses(path: &std::path::Path) -> Vec<f64> {
 }
 
 #[test]
-fn bert_pretrains_and_tp2_dp2_match_the_single_rank_run() {
+fn bert_pretrains_and_tp2_dp2_pp2_match_the_single_rank_run() {
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, extra: &str| {
         let jsonl = dir.path().join(format!("{name}.jsonl"));
@@ -56,7 +56,12 @@ fn bert_pretrains_and_tp2_dp2_match_the_single_rank_run() {
     // 216 vocab.txt entries + Megatron's [BOS] and [EOS].
     assert!((first - (218f64).ln()).abs() < 0.5, "initial lm loss {first} should be near ln(218)");
     assert_eq!(reference.valid_losses.len(), 3);
-    for (name, extra) in [("tp2", "--nproc 2 --tensor-model-parallel-size 2"), ("dp2", "--nproc 2")] {
+    for (name, extra) in [
+        ("tp2", "--nproc 2 --tensor-model-parallel-size 2"),
+        ("dp2", "--nproc 2"),
+        ("pp2", "--nproc 2 --pipeline-model-parallel-size 2"),
+        ("tp2pp2", "--nproc 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"),
+    ] {
         let (s, sop) = run(name, extra);
         for (a, b) in [(&s.losses, &reference.losses), (&s.grad_norms, &reference.grad_norms)] {
             for ((i, x), (_, y)) in a.iter().zip(b.iter()) {
@@ -89,7 +94,8 @@ fn bert_lm_loss_goes_down() {
 #[test]
 fn bert_flag_errors_name_the_fix() {
     let err = |extra: &str| format!("{:#}", pretrain(&bert_flags(extra)).unwrap_err());
-    assert!(err("--train-iters 1 --pipeline-model-parallel-size 2 --nproc 2").contains("tensor and data parallelism"));
+    assert!(err("--train-iters 1 --context-parallel-size 2 --nproc 2").contains("--context-parallel-size 1"));
+    assert!(err("--train-iters 1 --pipeline-model-parallel-size 2 --nproc 2 --num-layers 3").contains("even split"));
     assert!(err("--train-iters 1 --swiglu").contains("LayerNorm, GeLU"));
     let mut no_vocab = bert_flags("--train-iters 1");
     let i = no_vocab.iter().position(|f| f == "--tokenizer-type").unwrap();

@@ -2,8 +2,8 @@
 //! BERT encoder, the pooler on `[CLS]` (from the pretrained model when it has one) and a
 //! `classification_head` linear to `classes` logits, cross-entropy per row. The pretraining
 //! heads (LM head, sentence-order linear) are dropped from the trained parameter set.
-//! Megatron applies dropout to the pooled output before the head; here the pooled output is
-//! used without dropout (the encoder's dropout still applies).
+//! As Megatron, training applies dropout (the encoder's `hidden_dropout`) to the pooled output
+//! before the head, with a mask drawn from the batch seed.
 
 use crate::heads::{class_cross_entropy, BinaryHead};
 use crate::model::{BertBatch, BertModel};
@@ -57,7 +57,10 @@ impl BertClassifier {
         self.bert.forward_encoder(x, mode)?;
         let bk = self.bert.backend();
         let hidden = bk.to_host(self.bert.hidden_states())?.to_f32_vec();
-        let logits = self.head.forward(bk.as_ref(), &hidden, x.batch, x.seq)?;
+        let p = self.bert.config().hidden_dropout;
+        // The pooled-output mask: its own stream of the microbatch seed.
+        let dropout = (mode == Mode::Train && p > 0.0).then_some((p, x.seed ^ 0xC1A5_5D20_0000_0000));
+        let logits = self.head.forward_with_dropout(bk.as_ref(), &hidden, x.batch, x.seq, dropout)?;
         let (loss_sum, _, d) = class_cross_entropy(&logits, &x.is_random, self.classes);
         let predictions = logits
             .chunks(self.classes)

@@ -19,7 +19,9 @@ pub struct BinaryHead {
     pub weight: Param,        // (classes, C): 2 for the binary head
     pub bias: Param,          // (classes)
     cls: DeviceTensor,        // (B, C): the first token's hidden state of every row
-    pooled: DeviceTensor,     // (B, C): tanh output
+    pooled: DeviceTensor,     // (B, C): tanh output (after dropout, if any): the head's input
+    tanh: Vec<f32>,           // (B, C): tanh output before dropout (host)
+    keep: Option<Vec<f32>>,   // (B, C): dropout scale, 0 or 1/(1-p) (host); None without dropout
 }
 
 impl BinaryHead {
@@ -39,17 +41,37 @@ impl BinaryHead {
             bias: b.param(&bias, &[classes], Split::Replicated, Init::Zeros)?,
             cls: bk.zeros(&[0], megatron_core::DType::F32)?,
             pooled: bk.zeros(&[0], megatron_core::DType::F32)?,
+            tanh: Vec::new(),
+            keep: None,
         })
     }
 
     /// The `(B, classes)` logits from `hidden (B, T, C)` (host values), keeping what backward needs.
     pub fn forward(&mut self, bk: &dyn Backend, hidden: &[f32], batch: usize, seq: usize) -> Result<Vec<f32>> {
+        self.forward_with_dropout(bk, hidden, batch, seq, None)
+    }
+
+    /// [`Self::forward`] with dropout `(p, seed)` on the pooled output before the last linear
+    /// (Megatron's `Classification` model applies `hidden_dropout` there during training).
+    pub fn forward_with_dropout(
+        &mut self,
+        bk: &dyn Backend,
+        hidden: &[f32],
+        batch: usize,
+        seq: usize,
+        dropout: Option<(f32, u64)>,
+    ) -> Result<Vec<f32>> {
         let c = hidden.len() / (batch * seq).max(1);
         let cls: Vec<f32> = (0..batch).flat_map(|r| hidden[r * seq * c..r * seq * c + c].iter().copied()).collect();
         self.cls = bk.from_host(HostBuffer::F32(cls), &[batch, c])?;
         let mut pre = bk.zeros(&[batch, c], megatron_core::DType::F32)?;
         linear_forward(bk, &self.cls, &self.pooler_weight.value, Some(&self.pooler_bias.value), &mut pre)?;
-        let pooled: Vec<f32> = bk.to_host(&pre)?.to_f32_vec().iter().map(|v| v.tanh()).collect();
+        self.tanh = bk.to_host(&pre)?.to_f32_vec().iter().map(|v| v.tanh()).collect();
+        self.keep = dropout.filter(|&(p, _)| p > 0.0).map(|(p, seed)| dropout_scales(self.tanh.len(), p, seed));
+        let pooled = match &self.keep {
+            Some(keep) => self.tanh.iter().zip(keep).map(|(y, k)| y * k).collect(),
+            None => self.tanh.clone(),
+        };
         self.pooled = bk.from_host(HostBuffer::F32(pooled), &[batch, c])?;
         let classes = self.bias.value.numel();
         let mut logits = bk.zeros(&[batch, classes], megatron_core::DType::F32)?;
@@ -71,10 +93,12 @@ impl BinaryHead {
             &mut self.weight.grad,
             Some(&mut self.bias.grad),
         )?;
-        // tanh' = 1 - tanh².
-        let pooled = bk.to_host(&self.pooled)?.to_f32_vec();
-        let d_pre: Vec<f32> =
-            bk.to_host(&d_pooled)?.to_f32_vec().iter().zip(&pooled).map(|(g, y)| g * (1.0 - y * y)).collect();
+        // Through the dropout scale, then tanh' = 1 - tanh².
+        let mut d_tanh = bk.to_host(&d_pooled)?.to_f32_vec();
+        if let Some(keep) = &self.keep {
+            d_tanh.iter_mut().zip(keep).for_each(|(g, k)| *g *= k);
+        }
+        let d_pre: Vec<f32> = d_tanh.iter().zip(&self.tanh).map(|(g, y)| g * (1.0 - y * y)).collect();
         let d_pre = bk.from_host(HostBuffer::F32(d_pre), &shape)?;
         let mut d_cls = bk.zeros(&shape, megatron_core::DType::F32)?;
         let (w, g, bg) = (&self.pooler_weight.value, &mut self.pooler_weight.grad, &mut self.pooler_bias.grad);
@@ -89,6 +113,26 @@ impl BinaryHead {
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         vec![&mut self.pooler_weight, &mut self.pooler_bias, &mut self.weight, &mut self.bias]
     }
+}
+
+/// `n` dropout scales (0 with probability `p`, else `1/(1-p)`) drawn from `seed` alone:
+/// element `i` uses splitmix64 of `seed + i`, so the mask does not depend on threads.
+fn dropout_scales(n: usize, p: f32, seed: u64) -> Vec<f32> {
+    let scale = 1.0 / (1.0 - p);
+    (0..n as u64)
+        .map(|i| {
+            let mut z = seed.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            let u = (z >> 40) as f32 / (1u64 << 24) as f32; // uniform in [0, 1)
+            if u < p {
+                0.0
+            } else {
+                scale
+            }
+        })
+        .collect()
 }
 
 /// Per-row cross entropy of `(B, 2)` logits against `is_random` (−1 = ignored, Megatron's

@@ -25,6 +25,7 @@ pub mod hf;
 pub mod layer;
 pub mod mlp;
 pub mod model;
+pub mod stage;
 
 pub use classifier::{BertClassifier, ClassifierOutput};
 pub use config::{BertConfig, LayerNormPlacement};
@@ -32,7 +33,9 @@ pub use model::{BertBatch, BertLosses, BertModel};
 
 use anyhow::{bail, Context};
 use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};
-use megatron_core::{Batch, DType, DeviceTensor, Factory, LossReport, Mode, Model, Param, Plugin, Result};
+use megatron_core::{
+    Batch, DType, DeviceTensor, Factory, GradsReadyHook, LossReport, Mode, Model, Param, Plugin, Result, StageOutput,
+};
 
 impl BertModel {
     /// A generic [`Batch`] as a [`BertBatch`]: every row unpadded, token type 0, no SOP label.
@@ -58,37 +61,62 @@ impl Model for BertModel {
     }
 
     fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
-        let Some(seq) = self.config.seq_length else {
-            let x = self.bert_batch(batch);
-            let l = self.forward_bert(&x, mode)?;
-            return Ok(LossReport { loss_sum: l.lm_loss_sum, num_tokens: l.lm_tokens });
-        };
-        let x = BertBatch::unpack(batch, seq)?;
+        self.require_whole_model("forward")?;
+        let x = self.batch_of(batch)?;
         let l = self.forward_bert(&x, mode)?;
-        self.pending = None;
-        if mode == Mode::Train {
-            self.pending = Some(l);
-            if self.binary_head.is_some() {
-                // Megatron logs the sop loss averaged over the data-parallel group; every DP
-                // rank runs the same number of training forwards, so this collective pairs up.
-                let ctx = self.ctx();
-                let mut sop = [l.sop_loss_sum / l.sop_rows.max(1.0)];
-                ctx.comm.all_reduce_f64(&ctx.dp_group, &mut sop, megatron_core::ReduceOp::Sum)?;
-                let sop = sop[0] / ctx.dp_size() as f64;
-                self.metrics.push(("sop loss".to_string(), sop));
-            }
-        }
-        Ok(LossReport { loss_sum: l.lm_loss_sum / l.lm_tokens.max(1.0), num_tokens: 1.0 })
+        self.pending = (mode == Mode::Train).then_some(l);
+        self.report(l, mode == Mode::Train)
     }
 
     fn backward(&mut self, grad_scale: f32) -> Result<()> {
-        if self.config.seq_length.is_none() {
-            return self.backward_bert(grad_scale, 0.0);
-        }
+        self.require_whole_model("backward")?;
         let l = self.pending.take().context("bert backward called without a training forward")?;
-        // d(lm + sop)/d(per-token ce) = scale/Σmask at masked positions; per-row sop: scale/rows.
-        let (lm, sop) = (grad_scale as f64 / l.lm_tokens.max(1.0), grad_scale as f64 / l.sop_rows.max(1.0));
-        self.backward_bert(lm as f32, sop as f32)
+        let (lm, sop) = self.scales(&l, grad_scale);
+        self.backward_bert(lm, sop)
+    }
+
+    fn is_first_stage(&self) -> bool {
+        self.embedding.is_some()
+    }
+
+    fn is_last_stage(&self) -> bool {
+        self.ctx().is_last_stage()
+    }
+
+    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
+        self.backend().zeros(&self.stage_shape(batch), DType::F32)
+    }
+
+    fn forward_stage(
+        &mut self,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        if self.ctx().pp_size() == 1 && input.is_none() {
+            return Ok(StageOutput::Loss(self.forward(batch, mode)?));
+        }
+        self.stage_forward(microbatch, batch, input, mode)
+    }
+
+    fn backward_stage(
+        &mut self,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        if self.ctx().pp_size() == 1 && grad_output.is_none() {
+            self.backward(grad_scale)?;
+            on_grads_ready(&self.params())?;
+            return Ok(None);
+        }
+        self.stage_backward(microbatch, grad_output, grad_scale, on_grads_ready)
+    }
+
+    fn finalize_grads(&mut self) -> Result<()> {
+        self.all_reduce_shared_embedding_grad()
     }
 
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
@@ -96,6 +124,7 @@ impl Model for BertModel {
     }
 
     fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
+        self.require_whole_model("logits")?;
         if tokens.len() != micro_batch_size * seq_length {
             bail!("{} tokens given for a {micro_batch_size}x{seq_length} batch", tokens.len());
         }

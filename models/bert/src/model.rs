@@ -1,7 +1,12 @@
 //! [`BertModel`] (SPEC §4.8): embeddings (word + position + token type) → encoder layers with
 //! key-padding-mask attention → (final LayerNorm, pre-LN) → LM head and binary head, with
-//! explicit forward and backward. One microbatch in flight; pipeline parallelism is not
-//! supported (tp and dp are: the linears are Megatron's TP layers, the logits vocab-parallel).
+//! explicit forward and backward. The linears are Megatron's TP layers, the logits
+//! vocab-parallel. With pipeline parallelism one object is one stage ([`crate::stage`]): the
+//! first stage holds the embeddings, every stage its share of the encoder layers (global
+//! numbering, so names and dropout streams do not depend on the split), the last stage the
+//! final LayerNorm, the heads and a copy of the tied word embedding (`shared_copy`). The
+//! LM head's small dense/LayerNorm/bias tensors (`h² + 3h + V/tp` floats) are built on every
+//! stage but belong to (and are reported by) the last stage only.
 //!
 //! Loss (`pretrain_bert.py`): `lm loss = Σ ce·loss_mask / Σ loss_mask` and, with the binary
 //! head, `sop loss = mean over rows of ce(binary_logits, is_random)`; the total is their sum.
@@ -53,7 +58,7 @@ pub struct BertLosses {
 }
 
 /// What the encoder's backward needs besides the module buffers.
-struct Encoded {
+pub(crate) struct Encoded {
     step: StepInfo,
     ids: DeviceTensor,     // (B*T) int32
     types: DeviceTensor,   // (B*T) int32
@@ -74,8 +79,12 @@ pub struct BertModel {
     backend: Arc<dyn Backend>,
     ctx: ParallelContext,
     vocab_padded: usize,
-    /// Word + position embeddings (built without dropout: it is applied after token types).
-    pub embedding: LanguageModelEmbedding,
+    /// Word + position embeddings (built without dropout: it is applied after token types);
+    /// first pipeline stage only.
+    pub embedding: Option<LanguageModelEmbedding>,
+    /// pp > 1: the last stage's copy of the word embedding for the tied LM projection
+    /// (`ParamLayout::shared_copy`, kept equal by `Model::finalize_grads`).
+    pub shared_embedding: Option<Param>,
     pub tokentype_embeddings: Option<Param>,
     /// Post-LN only: `embedding.layernorm`.
     pub embedding_layernorm: Option<LayerNorm>,
@@ -97,17 +106,21 @@ pub struct BertModel {
     lm_act: DeviceTensor,         // (B, T, C)
     lm_norm: DeviceTensor,        // (B, T, C)
     logits: DeviceTensor,         // (B, T, V/tp); d_logits after backward
-    d_a: DeviceTensor,            // (B, T, C) backward scratch
+    pub(crate) d_a: DeviceTensor, // (B, T, C) backward scratch
     d_b: DeviceTensor,            // (B, T, C) backward scratch
     scratch: BackwardScratch,
     saved: Option<Saved>,
     /// The encoder-only training forward ([`BertModel::forward_encoder`]).
-    enc_saved: Option<Encoded>,
+    pub(crate) enc_saved: Option<Encoded>,
     /// The losses of the saved training forward of the generic `Model` path (its backward
     /// turns the schedule's scale into the two mean-loss scales).
     pub(crate) pending: Option<BertLosses>,
     /// `sop loss` values for `Model::take_metrics` (one per training microbatch).
     pub(crate) metrics: Vec<(String, f64)>,
+    /// Pipeline stages: the in-flight training microbatches ([`crate::stage`]).
+    pub(crate) stage_stash: std::collections::BTreeMap<usize, crate::stage::InFlight>,
+    /// The microbatch whose activations the module buffers hold.
+    pub(crate) stage_live: Option<usize>,
 }
 
 impl BertModel {
@@ -122,26 +135,46 @@ impl BertModel {
         provider: &dyn SpecProvider,
     ) -> Result<BertModel> {
         config.validate()?;
-        if ctx.pp_size() > 1 {
-            bail!("bert: pipeline parallelism is not supported yet; use --pipeline-model-parallel-size 1");
-        }
+        let layer_range = crate::stage::stage_layers(config.num_layers, ctx.pp_size(), ctx.pp_rank)?;
+        let (first, last) = (ctx.pp_rank == 0, ctx.is_last_stage());
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;
         let tcfg = config.transformer_config();
         tcfg.validate(tp)?;
         let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
         let (h, std, eps) = (config.hidden_size, config.init_method_std, config.layernorm_epsilon);
-        let embedding =
-            LanguageModelEmbedding::new(&b, "embedding", vocab_padded, config.max_position_embeddings, h, std, 0.0)?;
-        let tokentype_embeddings = if config.num_tokentypes > 0 {
+        let embedding = if first {
+            Some(LanguageModelEmbedding::new(
+                &b,
+                "embedding",
+                vocab_padded,
+                config.max_position_embeddings,
+                h,
+                std,
+                0.0,
+            )?)
+        } else {
+            None
+        };
+        // Drawn from the same per-name seed as the original, so the copy starts equal.
+        let shared_embedding = if last && !first {
+            let name = "embedding.word_embeddings.weight";
+            let mut p = b.param(name, &[vocab_padded, h], Split::Rows { chunks: 1 }, Init::Normal(std))?;
+            p.layout.shared_copy = true;
+            Some(p)
+        } else {
+            None
+        };
+        let tokentype_embeddings = if first && config.num_tokentypes > 0 {
             let shape = [config.num_tokentypes, h];
             Some(b.param("embedding.tokentype_embeddings.weight", &shape, Split::Replicated, Init::Normal(std))?)
         } else {
             None
         };
         let post = config.layernorm == LayerNormPlacement::Post;
-        let embedding_layernorm = if post { Some(LayerNorm::new(&b, "embedding.layernorm", h, eps)?) } else { None };
-        let layers = (0..config.num_layers)
+        let embedding_layernorm =
+            if post && first { Some(LayerNorm::new(&b, "embedding.layernorm", h, eps)?) } else { None };
+        let layers = layer_range
             .map(|i| {
                 BertLayer::new(
                     &b,
@@ -155,12 +188,13 @@ impl BertModel {
             })
             .collect::<Result<Vec<_>>>()
             .context("building the bert encoder")?;
-        let final_layernorm = if post { None } else { Some(LayerNorm::new(&b, "encoder.final_layernorm", h, eps)?) };
+        let final_layernorm =
+            if post || !last { None } else { Some(LayerNorm::new(&b, "encoder.final_layernorm", h, eps)?) };
         let local = vocab_padded / tp;
         let start = ctx.tp_rank * local;
         let vocab_mask =
             (start..start + local).map(|id| if id < config.vocab_size { 0.0 } else { f32::NEG_INFINITY }).collect();
-        let binary_head = if config.bert_binary_head { Some(BinaryHead::new(&b, h, std)?) } else { None };
+        let binary_head = if last && config.bert_binary_head { Some(BinaryHead::new(&b, h, std)?) } else { None };
         let bk = backend.as_ref();
         Ok(BertModel {
             lm_dense_weight: b.param("lm_head.dense.weight", &[h, h], Split::Replicated, Init::Normal(std))?,
@@ -182,6 +216,9 @@ impl BertModel {
             enc_saved: None,
             pending: None,
             metrics: Vec::new(),
+            stage_stash: Default::default(),
+            stage_live: None,
+            shared_embedding,
             binary_head,
             vocab_mask,
             embedding,
@@ -270,6 +307,13 @@ impl BertModel {
 
     /// Embeddings → encoder layers → (final LayerNorm) into `self.hidden` `(B, T, C)`.
     fn encode(&mut self, x: &BertBatch, mode: Mode) -> Result<Encoded> {
+        self.encode_stage(x, mode, None)
+    }
+
+    /// [`Self::encode`] of one pipeline stage: the embeddings on the first stage, else
+    /// `input (B, T, C)` (the previous stage's output); `self.hidden` is this stage's output
+    /// (after the final LayerNorm on the last stage).
+    pub(crate) fn encode_stage(&mut self, x: &BertBatch, mode: Mode, input: Option<&DeviceTensor>) -> Result<Encoded> {
         self.check_batch(x)?;
         self.saved = None;
         self.enc_saved = None;
@@ -292,16 +336,35 @@ impl BertModel {
         let ids = self.upload_i32(&x.tokens)?;
         let types = self.upload_i32(&x.types)?;
         let lengths = self.upload_i32(&x.lengths.iter().map(|&l| l as i32).collect::<Vec<_>>())?;
-        // Embeddings: word + position (+ type), (LayerNorm,) dropout.
-        self.embedding.forward(&ids, &mut self.emb, &step)?;
-        if let Some(tt) = &self.tokentype_embeddings {
-            bk.embedding_forward(&types, &tt.value, 0, &mut self.emb, true)?;
+        match (self.embedding.as_mut(), input) {
+            (Some(embedding), None) => {
+                // Embeddings: word + position (+ type), (LayerNorm,) dropout.
+                embedding.forward(&ids, &mut self.emb, &step)?;
+                if let Some(tt) = &self.tokentype_embeddings {
+                    bk.embedding_forward(&types, &tt.value, 0, &mut self.emb, true)?;
+                }
+                match self.embedding_layernorm.as_mut() {
+                    Some(ln) => ln.forward(&self.emb, &mut self.residuals[0])?,
+                    None => bk.copy(&self.emb, &mut self.residuals[0])?,
+                }
+                let p = self.config.hidden_dropout;
+                hidden_dropout(bk, &mut self.residuals[0], p, 0, DropoutSite::Embedding, &step)?;
+            }
+            (None, Some(input)) => {
+                if input.shape() != shape {
+                    bail!(
+                        "bert stage input has shape {:?}, expected {shape:?} (batch, sequence, hidden)",
+                        input.shape()
+                    );
+                }
+                bk.copy(input, &mut self.residuals[0])?;
+            }
+            _ => bail!(
+                "bert pipeline stage {}: the first stage embeds tokens, every other stage takes the previous \
+                 stage's hidden states",
+                self.ctx.pp_rank
+            ),
         }
-        match self.embedding_layernorm.as_mut() {
-            Some(ln) => ln.forward(&self.emb, &mut self.residuals[0])?,
-            None => bk.copy(&self.emb, &mut self.residuals[0])?,
-        }
-        hidden_dropout(bk, &mut self.residuals[0], self.config.hidden_dropout, 0, DropoutSite::Embedding, &step)?;
         for (l, layer) in self.layers.iter_mut().enumerate() {
             let (done, rest) = self.residuals.split_at_mut(l + 1);
             layer.forward(&done[l], &lengths, &mut rest[0], &step)?;
@@ -333,7 +396,20 @@ impl BertModel {
 
     /// Runs one microbatch; in [`Mode::Train`] keeps what [`Self::backward_bert`] needs.
     pub fn forward_bert(&mut self, x: &BertBatch, mode: Mode) -> Result<BertLosses> {
-        let enc = self.encode(x, mode)?;
+        self.forward_bert_stage(x, mode, None)
+    }
+
+    /// [`Self::forward_bert`] of the last pipeline stage (`input` from the previous stage).
+    pub(crate) fn forward_bert_stage(
+        &mut self,
+        x: &BertBatch,
+        mode: Mode,
+        input: Option<&DeviceTensor>,
+    ) -> Result<BertLosses> {
+        if !self.ctx.is_last_stage() {
+            bail!("bert: the losses are computed on the last pipeline stage, not on stage {}", self.ctx.pp_rank);
+        }
+        let enc = self.encode_stage(x, mode, input)?;
         let step = enc.step;
         let backend = self.backend.clone();
         let bk = backend.as_ref();
@@ -358,7 +434,11 @@ impl BertModel {
             .collect();
         let bias = bk.from_host(HostBuffer::F32(bias), &[local])?;
         copy_to_tp_region_forward(&self.ctx, &self.lm_norm)?;
-        let w = &self.embedding.word_embeddings.weight.value;
+        let w = match (&self.shared_embedding, &self.embedding) {
+            (Some(p), _) => &p.value,
+            (None, Some(e)) => &e.word_embeddings.weight.value,
+            (None, None) => bail!("bert pipeline stage {} holds no word embedding", self.ctx.pp_rank),
+        };
         linear_forward(bk, &self.lm_norm, w, Some(&bias), &mut self.logits)?;
         // Unmasked positions get target 0 (never counted: their loss mask is 0).
         let targets: Vec<i32> =
@@ -400,7 +480,11 @@ impl BertModel {
         let d_loss = bk.from_host(HostBuffer::F32(d_loss), &[step.tokens()])?;
         let vocab_start = self.vocab_start();
         self.cross_entropy.backward_inplace(&mut self.logits, &saved.labels, vocab_start, &d_loss)?;
-        let we = &mut self.embedding.word_embeddings.weight;
+        let we = match (self.shared_embedding.as_mut(), self.embedding.as_mut()) {
+            (Some(p), _) => p,
+            (None, Some(e)) => &mut e.word_embeddings.weight,
+            (None, None) => bail!("bert pipeline stage {} holds no word embedding", self.ctx.pp_rank),
+        };
         linear_backward(
             bk,
             &self.lm_norm,
@@ -433,7 +517,6 @@ impl BertModel {
 
     /// The encoder's backward from `d hidden` in `self.d_b` `(B, T, C)`.
     fn backward_from_hidden(&mut self, enc: &Encoded) -> Result<()> {
-        let step = enc.step;
         let backend = self.backend.clone();
         let bk = backend.as_ref();
         // Encoder: d_a becomes the residual-stream gradient.
@@ -442,9 +525,22 @@ impl BertModel {
             Some(ln) => ln.backward(&self.d_b, last, &mut self.d_a)?,
             None => bk.copy(&self.d_b, &mut self.d_a)?,
         }
+        self.backward_layers(enc)
+    }
+
+    /// The backward of this stage's layers from the residual-stream gradient in `self.d_a`
+    /// `(B, T, C)`, then of the embeddings on the first stage; elsewhere `self.d_a` is left
+    /// holding the gradient of the stage input.
+    pub(crate) fn backward_layers(&mut self, enc: &Encoded) -> Result<()> {
+        let step = enc.step;
+        let backend = self.backend.clone();
+        let bk = backend.as_ref();
         for (l, layer) in self.layers.iter_mut().enumerate().rev() {
             layer.backward(&self.residuals[l], &enc.lengths, &mut self.d_a, &mut self.scratch, &step)?;
         }
+        let Some(embedding) = self.embedding.as_mut() else {
+            return Ok(());
+        };
         // Embeddings.
         hidden_dropout(bk, &mut self.d_a, self.config.hidden_dropout, 0, DropoutSite::Embedding, &step)?;
         let d_emb = match self.embedding_layernorm.as_mut() {
@@ -457,7 +553,7 @@ impl BertModel {
         if let Some(tt) = self.tokentype_embeddings.as_mut() {
             bk.embedding_backward(&enc.types, d_emb, 0, &mut tt.grad)?;
         }
-        self.embedding.backward(&enc.ids, d_emb, &step)
+        embedding.backward(&enc.ids, d_emb, &step)
     }
 
     /// The `(B, T, V/tp)` logits of the last forward.
@@ -471,28 +567,35 @@ impl BertModel {
     }
 
     pub fn params(&self) -> Vec<&Param> {
-        let mut p = self.embedding.params();
+        let mut p = self.embedding.as_ref().map(|e| e.params()).unwrap_or_default();
         p.extend(self.tokentype_embeddings.as_ref());
         p.extend(self.embedding_layernorm.as_ref().map(|l| l.params()).unwrap_or_default());
         p.extend(self.layers.iter().flat_map(|l| l.params()));
         p.extend(self.final_layernorm.as_ref().map(|l| l.params()).unwrap_or_default());
-        p.extend([&self.lm_dense_weight, &self.lm_dense_bias]);
-        p.extend(self.lm_layernorm.params());
-        p.push(&self.output_bias);
+        if self.ctx.is_last_stage() {
+            p.extend([&self.lm_dense_weight, &self.lm_dense_bias]);
+            p.extend(self.lm_layernorm.params());
+            p.push(&self.output_bias);
+        }
         p.extend(self.binary_head.as_ref().map(|h| h.params()).unwrap_or_default());
+        p.extend(self.shared_embedding.as_ref());
         p
     }
 
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
-        let mut p = self.embedding.params_mut();
+        let last = self.ctx.is_last_stage();
+        let mut p = self.embedding.as_mut().map(|e| e.params_mut()).unwrap_or_default();
         p.extend(self.tokentype_embeddings.as_mut());
         p.extend(self.embedding_layernorm.as_mut().map(|l| l.params_mut()).unwrap_or_default());
         p.extend(self.layers.iter_mut().flat_map(|l| l.params_mut()));
         p.extend(self.final_layernorm.as_mut().map(|l| l.params_mut()).unwrap_or_default());
-        p.extend([&mut self.lm_dense_weight, &mut self.lm_dense_bias]);
-        p.extend(self.lm_layernorm.params_mut());
-        p.push(&mut self.output_bias);
+        if last {
+            p.extend([&mut self.lm_dense_weight, &mut self.lm_dense_bias]);
+            p.extend(self.lm_layernorm.params_mut());
+            p.push(&mut self.output_bias);
+        }
         p.extend(self.binary_head.as_mut().map(|h| h.params_mut()).unwrap_or_default());
+        p.extend(self.shared_embedding.as_mut());
         p
     }
 

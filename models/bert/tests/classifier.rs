@@ -40,6 +40,17 @@ fn params(m: &mut BertClassifier) -> Vec<&mut Param> {
 
 #[test]
 fn classifier_gradients_match_finite_differences() {
+    check(0.0, Mode::Eval);
+}
+
+/// Training mode with dropout (encoder and pooled output): the masks are a function of the
+/// batch seed, so the training forward is a deterministic function to differentiate.
+#[test]
+fn classifier_gradients_with_dropout_match_finite_differences() {
+    check(0.3, Mode::Train);
+}
+
+fn check(dropout: f32, loss_mode: Mode) {
     let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let cfg = BertConfig {
         num_layers: 2,
@@ -51,8 +62,8 @@ fn classifier_gradients_match_finite_differences() {
         make_vocab_size_divisible_by: 32,
         layernorm: LayerNormPlacement::Post,
         gelu_erf: true,
-        hidden_dropout: 0.0,
-        attention_dropout: 0.0,
+        hidden_dropout: dropout,
+        attention_dropout: dropout,
         init_method_std: 0.3,
         seed: 5,
         ..Default::default()
@@ -70,7 +81,7 @@ fn classifier_gradients_match_finite_differences() {
     }
     model.forward(&x, Mode::Train).unwrap();
     model.backward(1.0 / 3.0).unwrap();
-    let mut loss = |m: &mut BertClassifier| Ok(m.forward(&x, Mode::Eval)?.loss_sum / 3.0);
+    let mut loss = |m: &mut BertClassifier| Ok(m.forward(&x, loss_mode)?.loss_sum / 3.0);
     let samples = check_params(&mut model, backend.as_ref(), params, &|_| true, &mut loss, 3, 1e-2, 1e-2).unwrap();
     let w = worst(&samples).unwrap();
     println!("{} samples, worst: {w:?}", samples.len());
