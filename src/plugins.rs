@@ -16,6 +16,7 @@ pub const BUILTIN_PLUGINS: &[(&str, PluginKind, &str)] = &[
     ("parallel", PluginKind::ParallelStrategy, "megatron"),
     ("parallel", PluginKind::Schedule, "no-pipelining"),
     ("parallel", PluginKind::Schedule, "1f1b"),
+    ("parallel", PluginKind::Schedule, "interleaved-1f1b"),
     ("gpt", PluginKind::Model, "gpt"),
     ("optim", PluginKind::Optimizer, "adam"),
     ("optim", PluginKind::Optimizer, "sgd"),

@@ -28,6 +28,7 @@ fn expected() -> Vec<(&'static str, &'static str, &'static str)> {
             ("parallel-strategy", "megatron", "megatron-parallel"),
             ("schedule", "no-pipelining", "megatron-parallel"),
             ("schedule", "1f1b", "megatron-parallel"),
+            ("schedule", "interleaved-1f1b", "megatron-parallel"),
         ],
     );
     add(cfg!(feature = "comm-local"), &[("communicator", "local", "megatron-comm-local")]);
