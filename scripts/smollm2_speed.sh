@@ -14,7 +14,7 @@ rm -rf "$RUN" && mkdir -p "$RUN"
 "$M" import gguf --gguf "$gguf" --save "$RUN/ckpt" >/dev/null
 for b in 1 8; do
   : > "$RUN/prompts$b.txt"
-  for _ in $(seq "$b"); do echo "The capital of France is" >> "$RUN/prompts$b.txt"; done
+  for _ in $(seq "$b"); do echo "Once upon a time, in a small village," >> "$RUN/prompts$b.txt"; done
   echo "megatron batch $b:"
   "$M" generate --load "$RUN/ckpt" --prompts-file "$RUN/prompts$b.txt" --tokens-to-generate "$N" \
     --top-k 1 --threads 2 2>&1 >/dev/null | grep "ms/token"

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PROMPT = "The capital of France is"
+PROMPT = "Once upon a time, in a small village,"  # runs the full N tokens in both (no early end of text)
 
 
 def main():
