@@ -15,7 +15,7 @@ FLAGS="--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1
   --micro-batch-size 4 --global-batch-size 4 --train-iters $ITERS --lr 1e-4 --mock-data --vocab-size 50257 \
   --hidden-dropout 0 --attention-dropout 0 --log-interval 1 --eval-interval 1000000 --eval-iters 0 \
   --threads $THREADS --skip-memory-check"
-echo "outputs in $OUT; $(nproc) cores (shared machine), $THREADS threads"
+mkdir -p "$OUT"; echo "outputs in $OUT; $(nproc) cores (shared machine), $THREADS threads"
 for run in "fp32:" "bf16:--bf16" "fp16:--fp16 --initial-loss-scale 65536"; do
   name=${run%%:*}; extra=${run#*:}
   # shellcheck disable=SC2086
