@@ -1,5 +1,5 @@
 //! Mixtral import (issue 17): a tiny random `MixtralForCausalLM` made by transformers at test
-//! time (`scripts/mixtral_tiny.py`, /work/venv/bin/python or $MEGATRON_TEST_PYTHON) is loaded
+//! time (`scripts/mixtral_tiny.py`, /work/venv/bin/python or $MEGATRON_PYTHON) is loaded
 //! into a GPT whose MLP slots the `moe` plugin fills; its logits equal transformers' within
 //! 1e-4 of the largest logit, exporting back gives every HF tensor bit-identically, and
 //! `megatron import hf` writes a checkpoint holding exactly the loaded weights, which
@@ -20,12 +20,12 @@ fn workspace() -> PathBuf {
 }
 
 fn python() -> Option<String> {
-    let py = std::env::var("MEGATRON_TEST_PYTHON").unwrap_or_else(|_| "/work/venv/bin/python".into());
+    let py = std::env::var("MEGATRON_PYTHON").unwrap_or_else(|_| "/work/venv/bin/python".into());
     let ok = Command::new(&py).args(["-c", "import torch, transformers"]).output().is_ok_and(|o| o.status.success());
     if ok {
         Some(py)
     } else {
-        println!("SKIP: {py} with torch + transformers is absent (set MEGATRON_TEST_PYTHON)");
+        println!("SKIP: {py} with torch + transformers is absent (set MEGATRON_PYTHON)");
         None
     }
 }
