@@ -142,18 +142,10 @@ impl TransformerBlock {
     /// pool right after its forward, and a unit's inner residuals are dropped once consumed.
     pub fn forward(&mut self, step: &StepInfo) -> Result<()> {
         let units = self.recompute_units(step);
-        for l in 0..self.layers.len() {
-            self.ensure_residual(l + 1)?;
-            if units[l].is_some() {
-                self.lend_buffers(l)?;
-            }
-            let (done, rest) = self.residuals.split_at_mut(l + 1);
-            self.layers[l].forward(&done[l], &mut rest[0], step)?;
-            if let Some(u) = &units[l] {
-                self.reclaim_buffers(l)?;
-                if l > u.start {
-                    self.residuals[l] = empty(self.backend.as_ref())?; // inner: rebuilt in backward
-                }
+        for (l, unit) in units.iter().enumerate() {
+            self.run_layer(l, step, unit.is_some())?;
+            if let Some(u) = unit {
+                self.release_layer(l, u)?;
             }
         }
         let last = &self.residuals[self.layers.len()];
@@ -183,9 +175,7 @@ impl TransformerBlock {
         if caches.len() != self.layers.len() {
             bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
         }
-        for l in 1..=self.layers.len() {
-            self.ensure_residual(l)?;
-        }
+        self.ensure_residuals()?;
         for (l, (layer, cache)) in self.layers.iter_mut().zip(caches.iter_mut()).enumerate() {
             let (done, rest) = self.residuals.split_at_mut(l + 1);
             layer.forward_cached(&done[l], &mut rest[0], cache, offset, key_start, step)?;
@@ -214,9 +204,7 @@ impl TransformerBlock {
         if caches.len() != self.layers.len() {
             bail!("{} kv caches given for a block of {} layers", caches.len(), self.layers.len());
         }
-        for l in 1..=self.layers.len() {
-            self.ensure_residual(l)?;
-        }
+        self.ensure_residuals()?;
         for (l, (layer, cache)) in self.layers.iter_mut().zip(caches.iter_mut()).enumerate() {
             let (done, rest) = self.residuals.split_at_mut(l + 1);
             layer.forward_slots(&done[l], &mut rest[0], cache, slots, offsets, step)?;
@@ -264,10 +252,7 @@ impl TransformerBlock {
             layer.backward(&self.residuals[l], &mut self.d_residual, &mut self.scratch, step)?;
             on_grads_ready(&layer.params())?;
             if let Some(u) = &units[l] {
-                self.reclaim_buffers(l)?;
-                if l > u.start {
-                    self.residuals[l] = empty(self.backend.as_ref())?;
-                }
+                self.release_layer(l, u)?;
             }
         }
         Ok(&self.d_residual)
@@ -302,6 +287,33 @@ impl TransformerBlock {
         ensure_buffer(self.backend.as_ref(), &mut self.residuals[i], &shape, self.residual_dtype)
     }
 
+    /// Every residual after the input sized (decoding after a recomputing training step).
+    fn ensure_residuals(&mut self) -> Result<()> {
+        (1..=self.layers.len()).try_for_each(|i| self.ensure_residual(i))
+    }
+
+    /// Layer `l`'s training forward from `residuals[l]` into `residuals[l + 1]`, on pooled
+    /// buffers when it is `recomputed`.
+    fn run_layer(&mut self, l: usize, step: &StepInfo, recomputed: bool) -> Result<()> {
+        self.ensure_residual(l + 1)?;
+        if recomputed {
+            self.lend_buffers(l)?;
+        }
+        let (done, rest) = self.residuals.split_at_mut(l + 1);
+        self.layers[l].forward(&done[l], &mut rest[0], step)
+    }
+
+    /// Once layer `l` of recompute unit `unit` is done with its activations (after its forward,
+    /// and again after its backward): they go back to the pool, and its input is dropped when it
+    /// is inside the unit (rebuilt by the unit's recompute).
+    fn release_layer(&mut self, l: usize, unit: &Range<usize>) -> Result<()> {
+        self.reclaim_buffers(l)?;
+        if l > unit.start {
+            self.residuals[l] = empty(self.backend.as_ref())?;
+        }
+        Ok(())
+    }
+
     /// Gives layer `l` a pooled set of activation buffers of its kind, if there is one (else it
     /// allocates in its forward).
     fn lend_buffers(&mut self, l: usize) -> Result<()> {
@@ -326,13 +338,7 @@ impl TransformerBlock {
     /// (and the unit's inner residuals) are in place for their backward. The same `step` gives
     /// the same dropout masks: the activations are bit-identical to the first forward's.
     fn recompute_unit(&mut self, unit: Range<usize>, step: &StepInfo) -> Result<()> {
-        for l in unit {
-            self.ensure_residual(l + 1)?;
-            self.lend_buffers(l)?;
-            let (done, rest) = self.residuals.split_at_mut(l + 1);
-            self.layers[l].forward(&done[l], &mut rest[0], step)?;
-        }
-        Ok(())
+        unit.into_iter().try_for_each(|l| self.run_layer(l, step, true))
     }
 
     /// Everything the last forward saved for backward: the residual stream `(L+1)·(B, T, C)`,
