@@ -48,7 +48,7 @@ const CHOICES: [Option<(RecomputeMethod, usize)>; 5] = [
 
 /// Two iterations of 3 microbatches (forward and backward back to back), an eval forward
 /// between them: losses (train and eval) and the gradients.
-fn back_to_back(recompute: Option<(RecomputeMethod, usize)>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+fn back_to_back(recompute: Option<(RecomputeMethod, usize)>) -> Run {
     let c = config(recompute);
     let bs = batches(&c, 3);
     let mut model = GptModel::new(c, backend(), ParallelContext::single()).unwrap();
@@ -64,11 +64,13 @@ fn back_to_back(recompute: Option<(RecomputeMethod, usize)>) -> (Vec<f64>, Vec<(
     (losses, grads(&model))
 }
 
-#[test]
-fn full_recompute_is_bit_identical_to_keeping_activations() {
-    let (want_losses, want_grads) = back_to_back(None);
+type Run = (Vec<f64>, Vec<(String, Vec<f32>)>);
+
+/// Every recompute choice gives `run(None)`'s losses and gradients, bit for bit.
+fn assert_bit_identical(run: fn(Option<(RecomputeMethod, usize)>) -> Run) {
+    let (want_losses, want_grads) = run(None);
     for choice in &CHOICES[1..] {
-        let (losses, grads) = back_to_back(*choice);
+        let (losses, grads) = run(*choice);
         assert_eq!(losses, want_losses, "{choice:?}: losses");
         for ((name, got), (_, want)) in grads.iter().zip(&want_grads) {
             assert!(got == want, "{choice:?}: gradient of `{name}` differs");
@@ -76,9 +78,14 @@ fn full_recompute_is_bit_identical_to_keeping_activations() {
     }
 }
 
+#[test]
+fn full_recompute_is_bit_identical_to_keeping_activations() {
+    assert_bit_identical(back_to_back);
+}
+
 /// The pipeline-stash order of `pp_stash.rs`: three microbatches in flight, an eval forward,
 /// backwards out of order.
-fn in_flight(recompute: Option<(RecomputeMethod, usize)>) -> (Vec<f64>, Vec<(String, Vec<f32>)>) {
+fn in_flight(recompute: Option<(RecomputeMethod, usize)>) -> Run {
     let c = config(recompute);
     let bs = batches(&c, 4);
     let mut model = GptModel::new(c, backend(), ParallelContext::single()).unwrap();
@@ -99,14 +106,7 @@ fn in_flight(recompute: Option<(RecomputeMethod, usize)>) -> (Vec<f64>, Vec<(Str
 
 #[test]
 fn full_recompute_with_microbatches_in_flight_is_bit_identical() {
-    let (want_losses, want_grads) = in_flight(None);
-    for choice in &CHOICES[1..] {
-        let (losses, grads) = in_flight(*choice);
-        assert_eq!(losses, want_losses, "{choice:?}: losses");
-        for ((name, got), (_, want)) in grads.iter().zip(&want_grads) {
-            assert!(got == want, "{choice:?}: gradient of `{name}` differs");
-        }
-    }
+    assert_bit_identical(in_flight);
 }
 
 /// Bytes the decoder holds after the forward of the second iteration (steady state), and the
