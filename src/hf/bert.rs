@@ -6,6 +6,7 @@
 //! model of any `bert` checkpoint: its structure (token types, binary head, LayerNorm
 //! placement) from the stored tensors, its sizes from the stored args.
 
+use super::files::{finish_export, write_synced};
 use crate::generate::loader::LoadArgs;
 use anyhow::{bail, Context, Result};
 use megatron_bert::hf::{export_hf_bert, hf_bert_config, load_hf_bert_padded};
@@ -19,13 +20,6 @@ use std::sync::Arc;
 /// Whether an HF `config.json` describes a BERT.
 pub fn is_bert(cfg: &Value) -> bool {
     cfg["model_type"].as_str() == Some("bert")
-}
-
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))
 }
 
 /// `megatron import hf` of a BERT directory (`cfg` is its parsed `config.json`).
@@ -222,10 +216,7 @@ pub fn export(flags: &LoadArgs, out: &Path, registry: &Registry) -> Result<()> {
     let lower = loaded.tokenizer.name() != "BertWordPieceCase";
     let tok = json!({ "tokenizer_class": "BertTokenizer", "do_lower_case": lower });
     write_synced(&tmp.join("tokenizer_config.json"), serde_json::to_string_pretty(&tok)?.as_bytes())?;
-    if out.exists() {
-        std::fs::remove_dir(out).with_context(|| format!("cannot replace empty {}", out.display()))?;
-    }
-    std::fs::rename(&tmp, out).with_context(|| format!("cannot move {} to {}", tmp.display(), out.display()))?;
+    finish_export(&tmp, out)?;
     println!(
         "exported BERT iteration {} of {} to {} ({} tensors, {})",
         loaded.iteration,

@@ -6,6 +6,7 @@
 //! and `vocab.json` + `merges.txt` when the tokenizer is GPT-2 BPE. Written into a temporary
 //! directory that is renamed into place, so a crash never leaves a half-written export.
 
+use super::files::{copy_files_out, finish_export, torch_dtype, write_synced};
 use crate::generate::loader::{load_model, LoadArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -42,15 +43,6 @@ pub fn export_dtype(flag: Option<&str>, ckpt_args: &serde_json::Value) -> Result
         bail!("--dtype {d}: Hugging Face weights are fp32, bf16 or fp16");
     }
     Ok(d)
-}
-
-/// `torch_dtype` of `config.json`.
-fn torch_dtype(d: DType) -> &'static str {
-    match d {
-        DType::BF16 => "bfloat16",
-        DType::F16 => "float16",
-        _ => "float32",
-    }
 }
 
 /// Whether `model` is Llama-shaped (RoPE, RMSNorm, SwiGLU, no linear biases): it exports as
@@ -180,13 +172,6 @@ pub fn hf_config(model: &GptModel, eod: i32) -> serde_json::Value {
     })
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))
-}
-
 pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     #[cfg(feature = "t5")]
     if crate::generate::t5::is_t5_checkpoint(&args.load) {
@@ -263,18 +248,9 @@ pub fn run(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
             .or_else(|| loaded.args["tokenizer_model"].as_str().map(PathBuf::from))
             .context("the checkpoint's args name no tokenizer_model; pass --tokenizer-model")?;
         let dir = if model_path.is_dir() { model_path } else { model_path.parent().unwrap_or(Path::new(".")).into() };
-        for name in ["tokenizer.json", "tokenizer_config.json"] {
-            if dir.join(name).is_file() {
-                let bytes =
-                    std::fs::read(dir.join(name)).with_context(|| format!("reading {}", dir.join(name).display()))?;
-                write_synced(&tmp.join(name), &bytes)?;
-            }
-        }
+        copy_files_out(&dir, &["tokenizer.json", "tokenizer_config.json"], &tmp)?;
     }
-    if out.exists() {
-        std::fs::remove_dir(out).with_context(|| format!("cannot replace empty {}", out.display()))?;
-    }
-    std::fs::rename(&tmp, out).with_context(|| format!("cannot move {} to {}", tmp.display(), out.display()))?;
+    finish_export(&tmp, out)?;
     println!(
         "exported iteration {} of {} to {} ({} tensors, vocab {}, {dtype})",
         loaded.iteration,

@@ -12,6 +12,7 @@
 //! files into a temporary directory renamed into place.
 
 use super::export::{export_dtype, safetensors_bytes_as, ExportHfArgs};
+use super::files::{carry_tokenizer_in, copy_files_out, finish_export, torch_dtype, write_synced, HF_TOKENIZER_FILES};
 use crate::generate::hybrid::load_hybrid;
 use anyhow::{bail, Context, Result};
 use megatron_checkpoint::CheckpointMeta;
@@ -105,29 +106,7 @@ pub fn import(dir: &Path, cfg: &Value, cfg_path: &Path, save: &Path, registry: &
     }
     let mut args = args_json(&config, cfg);
     let mut meta = CheckpointMeta::default();
-    if dir.join("tokenizer.json").is_file() {
-        let tok_dir = save.join("tokenizer");
-        std::fs::create_dir_all(&tok_dir).with_context(|| format!("cannot create {}", tok_dir.display()))?;
-        for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
-            if dir.join(name).is_file() {
-                std::fs::copy(dir.join(name), tok_dir.join(name))
-                    .with_context(|| format!("copying {} into {}", dir.join(name).display(), tok_dir.display()))?;
-            }
-        }
-        let model_file = std::fs::canonicalize(&tok_dir)?.join("tokenizer.json");
-        args["tokenizer_type"] = json!("HuggingFaceTokenizer");
-        args["tokenizer_model"] = json!(model_file);
-        let t = registry.tokenizer("HuggingFaceTokenizer", json!({ "tokenizer_model": model_file }))?;
-        meta.tokenizer_fingerprint = Some(t.fingerprint());
-    } else {
-        println!(
-            "WARNING: {} has no tokenizer.json; the checkpoint records a NullTokenizer (prompts are ids)",
-            dir.display()
-        );
-        args["tokenizer_type"] = json!("NullTokenizer");
-        // A NullTokenizer of `vocab_size` ids has `vocab_size + 1` (its own eod).
-        args["vocab_size"] = json!(config.vocab_size - 1);
-    }
+    carry_tokenizer_in(registry, dir, save, config.vocab_size, &mut args, &mut meta)?;
     meta.args = args;
     let params = model.params();
     let path = megatron_checkpoint::save(save, 0, &params, None, meta, backend.as_ref(), &ParallelContext::single())
@@ -176,13 +155,6 @@ fn hf_config(c: &HybridConfig, eod: i32) -> Value {
     })
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    f.sync_all().with_context(|| format!("cannot sync {}", path.display()))
-}
-
 /// `megatron export hf` of a `mamba`/`hybrid` checkpoint (called by [`super::export::run`]).
 pub fn export(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
     let out = &args.out;
@@ -224,26 +196,12 @@ pub fn export(args: &ExportHfArgs, registry: &Registry) -> Result<()> {
         Some(v) => v.clone(),
         None => hf_config(&c, loaded.eod),
     };
-    config["torch_dtype"] = json!(match dtype {
-        megatron_core::DType::BF16 => "bfloat16",
-        megatron_core::DType::F16 => "float16",
-        _ => "float32",
-    });
+    config["torch_dtype"] = json!(torch_dtype(dtype));
     write_synced(&tmp.join("config.json"), serde_json::to_string_pretty(&config)?.as_bytes())?;
     if let Some(model_file) = loaded.args["tokenizer_model"].as_str().map(PathBuf::from) {
-        let dir = model_file.parent().unwrap_or(Path::new("."));
-        for name in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"] {
-            if dir.join(name).is_file() {
-                let bytes =
-                    std::fs::read(dir.join(name)).with_context(|| format!("reading {}", dir.join(name).display()))?;
-                write_synced(&tmp.join(name), &bytes)?;
-            }
-        }
+        copy_files_out(model_file.parent().unwrap_or(Path::new(".")), &HF_TOKENIZER_FILES, &tmp)?;
     }
-    if out.exists() {
-        std::fs::remove_dir(out).with_context(|| format!("cannot replace empty {}", out.display()))?;
-    }
-    std::fs::rename(&tmp, out).with_context(|| format!("cannot move {} to {}", tmp.display(), out.display()))?;
+    finish_export(&tmp, out)?;
     println!(
         "exported mamba iteration {} of {} to {} ({} tensors, vocab {vocab}, {dtype})",
         loaded.iteration,

@@ -5,6 +5,7 @@
 #[cfg(feature = "bert")]
 pub mod bert;
 pub mod export;
+pub(crate) mod files;
 pub mod gguf;
 pub mod import;
 pub mod import_llama;
