@@ -57,6 +57,12 @@ fn etp_slice(name: &str, g: &[f32], r: usize) -> Vec<f32> {
 }
 
 fn parity(extra: serde_json::Value) {
+    two_rank_parity(extra, "expert_model_parallel_size", 2);
+}
+
+/// The layer of `extra` with `key` = 2 on a world of two threads, against ep = 1 (one layer
+/// per rank's token set); `experts_per_rank` is what each rank must hold.
+fn two_rank_parity(extra: serde_json::Value, key: &str, experts_per_rank: usize) {
     let mut base = json!({"num_experts": 4, "moe_router_topk": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01});
     for (k, v) in extra.as_object().cloned().unwrap_or_default() {
         base[k] = v;
@@ -64,9 +70,8 @@ fn parity(extra: serde_json::Value) {
     // Reference: ep = 1, one layer per token set.
     let refs: Vec<Run> =
         (0..2).map(|r| run(&mut layer(config(base.clone()), ParallelContext::single(), true), r)).collect();
-    // ep = 2 on a world of two threads (dp = 2).
     let mut cfg = base.clone();
-    cfg["expert_model_parallel_size"] = json!(2);
+    cfg[key] = json!(2);
     let comms = LocalCommunicator::world(2, Duration::from_secs(20));
     let grid = RankGrid::new(2, 1, 1, 1).expect("grid");
     let runs: Vec<Run> = std::thread::scope(|s| {
@@ -80,7 +85,7 @@ fn parity(extra: serde_json::Value) {
             .collect();
         hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
-    check(&extra, &runs, &refs, 2);
+    check(&extra, &runs, &refs, experts_per_rank);
 }
 
 /// Ranks' outputs, input and router gradients equal the reference's for their tokens; expert
@@ -107,28 +112,7 @@ fn check(extra: &serde_json::Value, runs: &[Run], refs: &[Run], experts_per_rank
 
 /// Expert TP 2 over the two ranks (each rank's experts split in halves; every expert on both).
 fn etp_parity(extra: serde_json::Value) {
-    let mut base = json!({"num_experts": 4, "moe_router_topk": 2, "moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01});
-    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
-        base[k] = v;
-    }
-    let refs: Vec<Run> =
-        (0..2).map(|r| run(&mut layer(config(base.clone()), ParallelContext::single(), true), r)).collect();
-    let mut cfg = base.clone();
-    cfg["expert_tensor_parallel_size"] = json!(2);
-    let comms = LocalCommunicator::world(2, Duration::from_secs(20));
-    let grid = RankGrid::new(2, 1, 1, 1).expect("grid");
-    let runs: Vec<Run> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, c)| {
-                let (ctx, cfg) = (grid.context(r, c.clone()), cfg.clone());
-                s.spawn(move || run(&mut layer(config(cfg), ctx, true), r))
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
-    });
-    check(&extra, &runs, &refs, 4);
+    two_rank_parity(extra, "expert_tensor_parallel_size", 4);
 }
 
 #[test]
