@@ -66,3 +66,16 @@ pub fn shared_data() -> Option<PathBuf> {
         None
     }
 }
+
+/// Largest relative difference of two per-iteration series (`(iteration, value)`, the same
+/// iterations in the same order: checked).
+pub fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|((i, x), (j, y))| {
+            assert_eq!(i, j);
+            (x - y).abs() / y.abs().max(1e-12)
+        })
+        .fold(0.0, f64::max)
+}

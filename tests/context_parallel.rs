@@ -15,17 +15,6 @@ fn cp_flags(extra: &str) -> Vec<String> {
     ))
 }
 
-fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((i, x), (j, y))| {
-            assert_eq!(i, j);
-            (x - y).abs() / y.abs().max(1e-12)
-        })
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn context_parallel_matches_the_single_rank_run() {
     let reference = pretrain(&cp_flags("")).unwrap();

@@ -22,17 +22,6 @@ fn layout(tp: usize, pp: usize, dp: usize) -> String {
 }
 
 /// Largest relative difference between two per-iteration series (same iterations).
-fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((i, x), (j, y))| {
-            assert_eq!(i, j);
-            (x - y).abs() / y.abs().max(1e-12)
-        })
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn every_layout_matches_the_single_rank_run() {
     let reference = pretrain(&parity_flags("")).unwrap();

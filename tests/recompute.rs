@@ -44,10 +44,6 @@ fn full_recompute_at_tp2_pp2_matches_the_single_rank() {
     let reference = run(off);
     let full =
         run(&format!("{off} --nproc 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 {}", FULL[1]));
-    for (a, b) in [(&full.losses, &reference.losses), (&full.grad_norms, &reference.grad_norms)] {
-        for ((i, x), (j, y)) in a.iter().zip(b.iter()) {
-            assert_eq!(i, j);
-            assert!((x - y).abs() / y.abs() < 1e-5, "iteration {i}: {x} vs {y}");
-        }
-    }
+    let (loss, norm) = (max_rel(&full.losses, &reference.losses), max_rel(&full.grad_norms, &reference.grad_norms));
+    assert!(loss < 1e-5 && norm < 1e-5, "tp2·pp2 full recompute vs one rank: loss {loss:.2e}, grad norm {norm:.2e}");
 }

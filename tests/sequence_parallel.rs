@@ -20,17 +20,6 @@ fn layout(tp: usize, pp: usize, dp: usize) -> String {
     format!("--nproc {} --tensor-model-parallel-size {tp} --pipeline-model-parallel-size {pp}", tp * pp * dp)
 }
 
-fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|((i, x), (j, y))| {
-            assert_eq!(i, j);
-            (x - y).abs() / y.abs().max(1e-12)
-        })
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn sequence_parallel_matches_the_single_rank_run() {
     let reference = pretrain(&sp_flags("")).unwrap();
