@@ -4,7 +4,9 @@
 //! The tag holds what decides whether the two sides agree on the layout of every shared type:
 //! the megatron-core version, the exact rustc (`$RUSTC -V`), the target triple, the panic
 //! strategy, the enabled core features, and a hash of the `Cargo.lock` entries of
-//! megatron-core's dependency closure (serde, erased-serde, anyhow, ... versions).
+//! megatron-core's dependency closure (serde, erased-serde, anyhow, ... versions), and a hash of
+//! megatron-core's own sources (`api`): a method added to a shared trait such as `MlpModule`
+//! changes the vtables without changing the version, and must still refuse the library.
 //!
 //! Which `Cargo.lock`: the one of the workspace being built. It is found, in order, from the
 //! `MEGATRON_CARGO_LOCK` environment variable, the ancestors of `OUT_DIR` (the target dir
@@ -42,9 +44,11 @@ fn main() {
         None => None,
     }
     .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rerun-if-changed=src");
+    let api = source_hash().unwrap_or_else(|| "unknown".into());
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
     let tag = format!(
-        "megatron-core={version};rustc={rustc_version};target={target};panic={panic};features={};lock={lock}",
+        "megatron-core={version};rustc={rustc_version};target={target};panic={panic};features={};api={api};lock={lock}",
         features.join(",")
     );
     println!("cargo:rustc-env=MEGATRON_BUILD_TAG={tag}");
@@ -109,6 +113,33 @@ fn closure_hash(lock: &str, root: &str) -> Option<String> {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for (name, index) in &seen {
         for b in format!("{name} {}\n", packages[name][*index].0).bytes() {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    Some(format!("{hash:016x}"))
+}
+
+/// FNV-1a 64 of every file under this crate's `src/` (relative path and bytes, in path order).
+fn source_hash() -> Option<String> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").ok()?).join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![root.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).ok()? {
+            let path = entry.ok()?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for file in files {
+        let rel = file.strip_prefix(&root).ok()?.to_string_lossy().into_owned();
+        for b in rel.bytes().chain([0]).chain(std::fs::read(&file).ok()?) {
             hash ^= u64::from(b);
             hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
         }

@@ -51,6 +51,13 @@ pub struct MoeArgs {
     /// Accepted for Megatron compatibility: the plugin always uses its grouped GEMM.
     #[arg(long)]
     pub moe_grouped_gemm: bool,
+    /// Group-limited routing: split the experts into this many equal groups (with the EP size:
+    /// device-limited routing).
+    #[arg(long)]
+    pub moe_router_num_groups: Option<usize>,
+    /// Under group-limited routing, the number of groups each token may use.
+    #[arg(long)]
+    pub moe_router_group_topk: Option<usize>,
     /// Width of the shared expert (a dense MLP every token goes through).
     #[arg(long)]
     pub moe_shared_expert_intermediate_size: Option<usize>,
@@ -87,6 +94,8 @@ impl MoeArgs {
             "expert_model_parallel_size": self.expert_model_parallel_size,
             "expert_tensor_parallel_size": self.expert_tensor_parallel_size,
             "num_microbatches": num_microbatches,
+            "moe_router_num_groups": self.moe_router_num_groups,
+            "moe_router_group_topk": self.moe_router_group_topk,
             "moe_shared_expert_intermediate_size": self.moe_shared_expert_intermediate_size,
             "moe_shared_expert_gate": self.moe_shared_expert_gate,
         }))

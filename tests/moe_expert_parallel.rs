@@ -201,3 +201,35 @@ fn checkpoints_move_between_expert_parallel_sizes() {
         assert_close(&resumed, &full, name);
     }
 }
+
+/// The aux-loss-free expert bias is a checkpointed buffer (`decoder.layers.N.mlp.router.expert_bias`,
+/// Megatron's name): a run with a fast bias update and group-limited routing, stopped at
+/// iteration 3 and resumed, repeats the uninterrupted run's losses and grad norms exactly.
+#[test]
+fn expert_bias_and_group_limited_routing_resume_exactly() {
+    let plugin = plugin_args();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("bias");
+    let d = dir.to_str().unwrap();
+    let routing = [
+        "--nproc",
+        "2",
+        "--moe-router-score-function",
+        "sigmoid",
+        "--moe-router-enable-expert-bias",
+        "--moe-router-bias-update-rate",
+        "0.1",
+        "--moe-router-num-groups",
+        "2",
+        "--moe-router-group-topk",
+        "1",
+    ];
+    let full = run(&plugin, tmp.path(), "full", &[&routing[..], &["--train-iters", "6"]].concat());
+    let save = ["--train-iters", "6", "--exit-interval", "3", "--save", d, "--save-interval", "3"];
+    let first = run(&plugin, tmp.path(), "first", &[&routing[..], &save].concat());
+    let meta = std::fs::read_to_string(dir.join("iter_0000003").join("metadata.json")).unwrap();
+    assert!(meta.contains("decoder.layers.1.mlp.router.expert_bias"), "the bias is not in the checkpoint");
+    let second = run(&plugin, tmp.path(), "second", &[&routing[..], &["--train-iters", "6", "--load", d]].concat());
+    let resumed: Vec<_> = first.into_iter().chain(second).collect();
+    assert_eq!(resumed, full, "resumed run differs from the uninterrupted one");
+}

@@ -64,6 +64,18 @@ impl Model for GuardedModel {
         }
     }
 
+    fn buffers(&self) -> Vec<&Param> {
+        self.infallible("buffers", |m| m.buffers())
+    }
+
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        let (guard, inner) = (self.guard, &mut self.inner);
+        match guard.call(|| inner.buffers_mut()) {
+            Ok(r) => r,
+            Err(m) => panic!("plugin {} panicked in buffers_mut: {m}", self.label),
+        }
+    }
+
     fn zero_grad(&mut self) -> Result<()> {
         self.fallible("zero_grad", |m| m.zero_grad())
     }

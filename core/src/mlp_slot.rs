@@ -68,6 +68,15 @@ pub trait MlpModule: Send {
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         Vec::new()
     }
+    /// State that is not trained but must survive a checkpoint (Megatron's module buffers, e.g.
+    /// the router's expert bias): saved and loaded by name like parameters, never given to the
+    /// optimizer (its `grad` is empty).
+    fn buffers(&self) -> Vec<&Param> {
+        Vec::new()
+    }
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        Vec::new()
+    }
 }
 
 /// A factory: `Ok(None)` keeps the dense MLP in this layer (e.g. `--moe-layer-freq`).
@@ -135,5 +144,11 @@ impl MlpModule for GuardedMlp {
     }
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         self.call("take_metrics", |m| m.take_metrics()).unwrap_or_default()
+    }
+    fn buffers(&self) -> Vec<&Param> {
+        self.inner.buffers()
+    }
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.inner.buffers_mut()
     }
 }

@@ -199,6 +199,14 @@ pub trait Model: Send {
     fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor>;
     fn params(&self) -> Vec<&Param>;
     fn params_mut(&mut self) -> Vec<&mut Param>;
+    /// Non-trained state saved in checkpoints next to the parameters (see
+    /// [`crate::MlpModule::buffers`]); the optimizer never sees it.
+    fn buffers(&self) -> Vec<&Param> {
+        Vec::new()
+    }
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        Vec::new()
+    }
     /// Sets every gradient to zero.
     fn zero_grad(&mut self) -> Result<()>;
     /// Model FLOPs of one iteration on `samples` sequences (SPEC §6.13).

@@ -58,6 +58,12 @@ impl Model for ModelChunks {
     fn params_mut(&mut self) -> Vec<&mut Param> {
         self.chunks.iter_mut().flat_map(|c| c.params_mut()).collect()
     }
+    fn buffers(&self) -> Vec<&Param> {
+        self.chunks.iter().flat_map(|c| c.buffers()).collect()
+    }
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.chunks.iter_mut().flat_map(|c| c.buffers_mut()).collect()
+    }
     fn zero_grad(&mut self) -> Result<()> {
         self.chunks.iter_mut().try_for_each(|c| c.zero_grad())
     }

@@ -180,7 +180,10 @@ mod tests {
     #[test]
     fn the_build_tag_has_every_field_and_a_lock_hash() {
         let fields: Vec<&str> = BUILD_TAG.split(';').map(|f| f.split('=').next().unwrap_or("")).collect();
-        assert_eq!(fields, ["megatron-core", "rustc", "target", "panic", "features", "lock"]);
+        assert_eq!(fields, ["megatron-core", "rustc", "target", "panic", "features", "api", "lock"]);
+        // The hash of core's sources: 16 hex digits.
+        let api = BUILD_TAG.split(";api=").nth(1).and_then(|r| r.split(';').next()).unwrap_or("");
+        assert!(api.len() == 16 && api.chars().all(|c| c.is_ascii_hexdigit()), "{BUILD_TAG}");
         assert!(BUILD_TAG.contains(&format!("megatron-core={};", crate::CORE_VERSION)));
         assert!(BUILD_TAG.contains(";rustc=rustc "), "{BUILD_TAG}");
         // Built inside the workspace, the Cargo.lock is found: a 16-hex-digit hash.

@@ -205,13 +205,6 @@ fn build_moe_model(
     ckpt: &megatron_checkpoint::LoadedCheckpoint,
 ) -> Result<GptModel> {
     let stored = check_layer_count(&config, ckpt)?;
-    if moe["moe_router_enable_expert_bias"].as_bool() == Some(true) {
-        println!(
-            "WARNING: {} was trained with --moe-router-enable-expert-bias; the expert bias is not stored in \
-             checkpoints, so routing here uses a zero bias",
-            ckpt.dir().display()
-        );
-    }
     let provider = registry.mlp_provider("moe", moe).with_context(|| {
         format!(
             "checkpoint {} is a Mixture-of-Experts model (num_experts in its args): load the plugin with \
@@ -222,7 +215,8 @@ fn build_moe_model(
     let spec =
         megatron_transformer::WithMlpProvider { inner: &megatron_transformer::LocalSpecProvider, mlp: &provider };
     let model = GptModel::with_provider(config, backend, ParallelContext::single(), &spec)?;
-    let params = megatron_core::Model::params(&model);
+    let mut params = megatron_core::Model::params(&model);
+    params.extend(megatron_core::Model::buffers(&model));
     let names: std::collections::BTreeSet<&str> = params.iter().map(|p| p.name.as_str()).collect();
     let extra: Vec<&str> = stored.iter().map(|(k, _)| k.as_str()).filter(|k| !names.contains(k)).take(3).collect();
     if !extra.is_empty() {
@@ -311,6 +305,15 @@ pub fn load_model_on(registry: &Registry, flags: &LoadArgs, ctx: ParallelContext
         let mut params = megatron_core::Model::params_mut(&mut model);
         ckpt.load_params(&mut params, backend.as_ref())
             .with_context(|| format!("loading weights from {}", dir.display()))?;
+    }
+    let missing = ckpt.load_buffers(megatron_core::Model::buffers_mut(&mut model), backend.as_ref())?;
+    if !missing.is_empty() {
+        println!(
+            "WARNING: {} does not store {} (e.g. `{}`, saved by an older megatron): routing uses its initial value",
+            dir.display(),
+            missing.len(),
+            missing[0]
+        );
     }
     let eod = tokenizer.special_ids().eod.map_or(vocab_size.saturating_sub(1) as i32, |e| e as i32);
     Ok(LoadedModel { model, tokenizer, vocab_size, eod, args, iteration: ckpt.iteration() })

@@ -174,7 +174,7 @@ pub fn export_hf_mixtral(
 /// gates, capacity dropping).
 pub fn hf_mixtral_config(model: &megatron_gpt::GptModel, moe: &Value, bos: Option<u32>, eos: i32) -> Result<Value> {
     let c = model.config();
-    let unsupported: [(&str, bool); 6] = [
+    let unsupported: [(&str, bool); 7] = [
         (
             "--moe-layer-freq other than 1 (dense layers)",
             !matches!(moe.get("moe_layer_freq"), None | Some(Value::Null)) && moe["moe_layer_freq"] != json!(1),
@@ -187,6 +187,7 @@ pub fn hf_mixtral_config(model: &megatron_gpt::GptModel, moe: &Value, bos: Optio
         ("--moe-router-topk-scaling-factor", !moe["moe_router_topk_scaling_factor"].is_null()),
         ("--moe-expert-capacity-factor", !moe["moe_expert_capacity_factor"].is_null()),
         ("--moe-router-enable-expert-bias", moe["moe_router_enable_expert_bias"].as_bool() == Some(true)),
+        ("--moe-router-num-groups (group-limited routing)", !moe["moe_router_num_groups"].is_null()),
     ];
     if let Some((what, _)) = unsupported.iter().find(|(_, bad)| *bad) {
         bail!(

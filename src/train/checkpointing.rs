@@ -129,7 +129,10 @@ impl Trainer {
             num_floating_point_operations_so_far: self.state.num_floating_point_operations_so_far,
             ..Default::default()
         };
-        let params = self.model.params();
+        // Buffers (e.g. the MoE expert bias) are stored like parameters; the optimizer state
+        // covers the parameters only.
+        let mut params = self.model.params();
+        params.extend(self.model.buffers());
         let t = std::time::Instant::now();
         let path = megatron_checkpoint::save(
             &dir,
@@ -200,6 +203,17 @@ impl Trainer {
             let mut params = self.model.params_mut();
             ckpt.load_params(&mut params, self.backend.as_ref())
                 .with_context(|| format!("loading weights from {}", dir.display()))?;
+        }
+        let missing = ckpt
+            .load_buffers(self.model.buffers_mut(), self.backend.as_ref())
+            .with_context(|| format!("loading buffers from {}", dir.display()))?;
+        if !missing.is_empty() && self.is_rank0() {
+            println!(
+                "WARNING: {} does not store {} (e.g. `{}`); they start from their initial values",
+                dir.display(),
+                missing.len(),
+                missing[0]
+            );
         }
         if a.finetune {
             println!(

@@ -39,6 +39,12 @@ impl Model for ScaledLoss<'_> {
     fn params_mut(&mut self) -> Vec<&mut Param> {
         self.inner.params_mut()
     }
+    fn buffers(&self) -> Vec<&Param> {
+        self.inner.buffers()
+    }
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.inner.buffers_mut()
+    }
     fn zero_grad(&mut self) -> Result<()> {
         self.inner.zero_grad()
     }

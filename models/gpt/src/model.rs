@@ -287,6 +287,14 @@ impl Model for GptModel {
         p
     }
 
+    fn buffers(&self) -> Vec<&Param> {
+        self.decoder.buffers()
+    }
+
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.decoder.buffers_mut()
+    }
+
     fn zero_grad(&mut self) -> Result<()> {
         let backend = self.backend.clone();
         for p in self.params_mut() {

@@ -375,6 +375,14 @@ impl TransformerBlock {
         p
     }
 
+    pub fn buffers(&self) -> Vec<&Param> {
+        self.layers.iter().flat_map(|l| l.buffers()).collect()
+    }
+
+    pub fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.layers.iter_mut().flat_map(|l| l.buffers_mut()).collect()
+    }
+
     pub fn params_mut(&mut self) -> Vec<&mut Param> {
         let mut p: Vec<&mut Param> = self.layers.iter_mut().flat_map(|l| l.params_mut()).collect();
         if let Some(norm) = self.final_layernorm.as_mut() {

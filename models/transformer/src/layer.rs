@@ -217,6 +217,15 @@ impl TransformerLayer {
         p.extend(self.mlp.params_mut());
         p
     }
+
+    /// Checkpointed non-trained state (the MLP slot's, e.g. an MoE router's expert bias).
+    pub fn buffers(&self) -> Vec<&Param> {
+        self.mlp.buffers()
+    }
+
+    pub fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.mlp.buffers_mut()
+    }
 }
 
 /// Inverted dropout of a residual branch in place (a no-op outside training). Backward calls

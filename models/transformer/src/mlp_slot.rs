@@ -75,6 +75,21 @@ impl MlpSlot {
         }
     }
 
+    /// A plugin module's checkpointed buffers (the dense MLP has none).
+    pub fn buffers(&self) -> Vec<&Param> {
+        match self {
+            MlpSlot::Dense(_) => Vec::new(),
+            MlpSlot::Plugin(m) => m.buffers(),
+        }
+    }
+
+    pub fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        match self {
+            MlpSlot::Dense(_) => Vec::new(),
+            MlpSlot::Plugin(m) => m.buffers_mut(),
+        }
+    }
+
     /// Once per step after the gradient reduction (a plugin's bookkeeping, e.g. expert bias).
     pub fn finalize_grads(&mut self) -> Result<()> {
         match self {

@@ -176,6 +176,17 @@ impl LoadedCheckpoint {
         Ok(())
     }
 
+    /// Loads the model's buffers ([`megatron_core::Model::buffers`], e.g. an MoE router's
+    /// expert bias) that the checkpoint stores, like parameters; returns the names of those it
+    /// does not store (saved before the buffer existed, or by a run without the feature), which
+    /// keep their initial values.
+    pub fn load_buffers(&self, buffers: Vec<&mut Param>, backend: &dyn Backend) -> Result<Vec<String>> {
+        let (mut stored, missing): (Vec<&mut Param>, Vec<&mut Param>) =
+            buffers.into_iter().partition(|b| self.metadata.tensors.contains_key(&b.name));
+        self.load_params(&mut stored, backend)?;
+        Ok(missing.into_iter().map(|b| b.name.clone()).collect())
+    }
+
     /// Whether the checkpoint holds optimizer state (it was not saved with `--no-save-optim`).
     pub fn has_optimizer_state(&self) -> bool {
         self.metadata.optimizer_saved

@@ -97,6 +97,12 @@ pub struct MoeConfig {
     /// LM loss (Megatron's `MoEAuxLossAutoScaler`). Set by the driver.
     #[serde(default = "one")]
     pub num_microbatches: usize,
+    /// Group-limited routing: the experts form this many equal groups (`None`: off).
+    #[serde(default)]
+    pub moe_router_num_groups: Option<usize>,
+    /// Groups every token may use under group-limited routing.
+    #[serde(default)]
+    pub moe_router_group_topk: Option<usize>,
     /// Width of the shared expert every token goes through (`None`: no shared expert).
     #[serde(default)]
     pub moe_shared_expert_intermediate_size: Option<usize>,
@@ -166,6 +172,30 @@ impl MoeConfig {
         }
         if c.moe_shared_expert_gate && c.moe_shared_expert_intermediate_size.is_none() {
             bail!("--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
+        }
+        match (c.moe_router_num_groups, c.moe_router_group_topk) {
+            (None, None) => {}
+            (Some(groups), Some(g)) => {
+                if groups == 0 || !c.num_experts.is_multiple_of(groups) {
+                    bail!("--moe-router-num-groups {groups} must be >= 1 and divide --num-experts {}", c.num_experts);
+                }
+                if g == 0 || g > groups || !c.moe_router_topk.is_multiple_of(g) {
+                    bail!(
+                        "--moe-router-group-topk {g} must be in 1..=--moe-router-num-groups {groups} and divide \
+                         --moe-router-topk {}",
+                        c.moe_router_topk
+                    );
+                }
+                if c.moe_router_topk / g > c.num_experts / groups {
+                    bail!(
+                        "--moe-router-topk {} / --moe-router-group-topk {g} experts per group exceeds the group size \
+                         {} (--num-experts / --moe-router-num-groups)",
+                        c.moe_router_topk,
+                        c.num_experts / groups
+                    );
+                }
+            }
+            _ => bail!("group-limited routing needs both --moe-router-num-groups and --moe-router-group-topk"),
         }
         if c.num_microbatches == 0 {
             bail!("num_microbatches must be >= 1");

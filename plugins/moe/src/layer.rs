@@ -16,7 +16,8 @@ use crate::router::{self, Score};
 use crate::shared::SharedExpert;
 use anyhow::{bail, Result};
 use megatron_core::{
-    Backend, DType, DeviceTensor, GemmSpec, HostBuffer, MlpEnv, MlpModule, MlpStep, ParallelContext, Param, ReduceOp,
+    Backend, DType, DeviceTensor, GemmSpec, HostBuffer, MlpEnv, MlpModule, MlpStep, ParallelContext, Param,
+    ParamLayout, ReduceOp,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,8 +60,9 @@ pub struct MoeLayer {
     pub experts: Experts,
     /// `--moe-shared-expert-intermediate-size`: added to the routed output.
     pub shared: Option<SharedExpert>,
-    /// Aux-loss-free balancing bias (selection only), updated once per step.
-    pub expert_bias: Vec<f32>,
+    /// Aux-loss-free balancing bias `(E)` (selection only), updated once per step; a
+    /// checkpointed buffer `{prefix}.router.expert_bias` when `--moe-router-enable-expert-bias`.
+    pub expert_bias: Param,
     /// Tokens routed per expert in this step's microbatches (bias update).
     step_counts: Vec<f64>,
     /// `global_aux_loss`: DP-reduced counts accumulated over this step's microbatches.
@@ -145,7 +147,12 @@ impl MoeLayer {
             router,
             experts,
             shared,
-            expert_bias: vec![0.0; e],
+            expert_bias: Param {
+                name: format!("{}.router.expert_bias", env.prefix),
+                value: bk.zeros(&[e], DType::F32)?,
+                grad: bk.zeros(&[0], DType::F32)?,
+                layout: ParamLayout::replicated(&[e], true),
+            },
             step_counts: vec![0.0; e],
             global_counts: vec![0.0; e],
             global_microbatches: 0,
@@ -175,7 +182,9 @@ impl MoeLayer {
         bk.gemm(x, &self.router.value, &mut logits, GemmSpec::linear(n, e, c), None)?;
         let lv = logits.host_f32()?.to_vec();
         let scale = self.cfg.moe_router_topk_scaling_factor.unwrap_or(1.0);
-        let (idx, gate) = router::select(self.score, &lv, e, k, &self.expert_bias, scale);
+        let groups = self.cfg.moe_router_num_groups.zip(self.cfg.moe_router_group_topk);
+        let bias = self.expert_bias.value.host_f32()?;
+        let (idx, gate) = router::select(self.score, &lv, e, k, bias, scale, groups);
         let counts = router::counts(&idx, e, k, n);
         let kept = match self.cfg.moe_expert_capacity_factor {
             Some(cf) => {
@@ -545,7 +554,7 @@ impl MlpModule for MoeLayer {
             self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut counts, ReduceOp::Sum)?;
             let mean = counts.iter().sum::<f64>() / counts.len() as f64;
             let rate = self.cfg.moe_router_bias_update_rate;
-            for (b, &n) in self.expert_bias.iter_mut().zip(&counts) {
+            for (b, &n) in self.expert_bias.value.host_f32_mut()?.iter_mut().zip(&counts) {
                 *b += rate * (mean - n).signum() as f32 * if mean == n { 0.0 } else { 1.0 };
             }
         }
@@ -553,6 +562,22 @@ impl MlpModule for MoeLayer {
         self.global_counts = vec![0.0; self.cfg.num_experts];
         self.global_microbatches = 0;
         Ok(())
+    }
+
+    fn buffers(&self) -> Vec<&Param> {
+        if self.cfg.moe_router_enable_expert_bias {
+            vec![&self.expert_bias]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        if self.cfg.moe_router_enable_expert_bias {
+            vec![&mut self.expert_bias]
+        } else {
+            Vec::new()
+        }
     }
 
     fn take_metrics(&mut self) -> Vec<(String, f64)> {

@@ -45,9 +45,33 @@ fn topk(key: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
+/// Group-limited routing (`--moe-router-num-groups G --moe-router-group-topk g`, SPEC §4.15.3):
+/// the experts form G equal consecutive groups, a group scores the sum of its k/g largest keys,
+/// and only the experts of the g best groups stay selectable (the others' keys become −∞).
+/// With G = the EP size this limits every token to g devices (DeepSeek's device-limited routing).
+pub fn limit_groups(key: &mut [f32], k: usize, groups: usize, group_topk: usize) {
+    let per = key.len() / groups;
+    let group_score: Vec<f32> = key.chunks(per).map(|g| topk(g, k / group_topk).iter().map(|&j| g[j]).sum()).collect();
+    let keep = topk(&group_score, group_topk);
+    for (gi, g) in key.chunks_mut(per).enumerate() {
+        if !keep.contains(&gi) {
+            g.fill(f32::NEG_INFINITY);
+        }
+    }
+}
+
 /// Top-k selection and gate weights of every token: `(idx (N,k), gate (N,k))`, the gates
-/// multiplied by the scaling factor. `bias` (E) shifts the selection only.
-pub fn select(score: Score, logits: &[f32], e: usize, k: usize, bias: &[f32], scale: f32) -> (Vec<i32>, Vec<f32>) {
+/// multiplied by the scaling factor. `bias` (E) shifts the selection only; `groups` is
+/// `(G, g)` for group-limited routing ([`limit_groups`]).
+pub fn select(
+    score: Score,
+    logits: &[f32],
+    e: usize,
+    k: usize,
+    bias: &[f32],
+    scale: f32,
+    groups: Option<(usize, usize)>,
+) -> (Vec<i32>, Vec<f32>) {
     let n = logits.len() / e;
     let (mut idx, mut gate) = (Vec::with_capacity(n * k), Vec::with_capacity(n * k));
     for row in logits.chunks(e) {
@@ -56,7 +80,10 @@ pub fn select(score: Score, logits: &[f32], e: usize, k: usize, bias: &[f32], sc
             Score::SoftmaxPre => softmax(row),
             Score::Sigmoid => row.iter().map(|&v| sigmoid(v)).collect(),
         };
-        let key: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+        let mut key: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+        if let Some((g, gk)) = groups {
+            limit_groups(&mut key, k, g, gk);
+        }
         let sel = topk(&key, k);
         let g: Vec<f32> = match score {
             Score::SoftmaxPost => softmax(&sel.iter().map(|&j| row[j]).collect::<Vec<_>>()),
@@ -230,4 +257,61 @@ pub fn z_loss(logits: &[f32], e: usize, coeff: f32, grad_scale: f32, d_logits: &
         }
     }
     coeff as f64 * loss / n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The definition, spelled out: every choice of `g` groups, the one with the largest sum
+    /// of group scores (ties: the lexicographically smallest ids, as `topk` picks them), then
+    /// the top-k keys inside it.
+    fn brute_force(key: &[f32], k: usize, groups: usize, g: usize) -> Vec<usize> {
+        let per = key.len() / groups;
+        let score = |gi: usize| -> f32 {
+            let mut v: Vec<f32> = key[gi * per..(gi + 1) * per].to_vec();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v[..k / g].iter().sum()
+        };
+        let mut best: Option<(f32, Vec<usize>)> = None;
+        for mask in 0u32..(1 << groups) {
+            if mask.count_ones() as usize != g {
+                continue;
+            }
+            let chosen: Vec<usize> = (0..groups).filter(|i| mask >> i & 1 == 1).collect();
+            let sum: f32 = chosen.iter().map(|&i| score(i)).sum();
+            if best.as_ref().is_none_or(|(b, _)| sum > *b) {
+                best = Some((sum, chosen));
+            }
+        }
+        let chosen = best.map(|b| b.1).unwrap_or_default();
+        let masked: Vec<f32> =
+            (0..key.len()).map(|j| if chosen.contains(&(j / per)) { key[j] } else { f32::NEG_INFINITY }).collect();
+        topk(&masked, k)
+    }
+
+    #[test]
+    fn group_limited_selection_keeps_tokens_inside_the_best_groups() {
+        // 8 experts in 4 groups of 2; plain top-4 takes experts 0, 2, 4, 6 (one per group),
+        // group-limited (2 groups) must take both experts of groups 1 and 2.
+        let key = [0.9, 0.0, 0.8, 0.7, 0.75, 0.7, 0.6, 0.1];
+        assert_eq!(topk(&key, 4), vec![0, 2, 4, 3]);
+        let mut limited = key;
+        limit_groups(&mut limited, 4, 4, 2);
+        assert_eq!(topk(&limited, 4), vec![2, 4, 3, 5]);
+        // Random keys against the brute-force definition.
+        let mut state = 12345u64;
+        let mut rnd = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        for (e, groups, g, k) in [(8, 4, 2, 4), (16, 4, 2, 2), (12, 3, 1, 3), (16, 8, 4, 8)] {
+            for _ in 0..200 {
+                let key: Vec<f32> = (0..e).map(|_| rnd()).collect();
+                let mut limited = key.clone();
+                limit_groups(&mut limited, k, groups, g);
+                assert_eq!(topk(&limited, k), brute_force(&key, k, groups, g), "{key:?}");
+            }
+        }
+    }
 }
