@@ -233,3 +233,56 @@ fn expert_bias_and_group_limited_routing_resume_exactly() {
     let resumed: Vec<_> = first.into_iter().chain(second).collect();
     assert_eq!(resumed, full, "resumed run differs from the uninterrupted one");
 }
+
+/// Context parallelism: every CP rank routes its shard of each sequence; the aux losses count
+/// tokens over whole sequences (counts summed over the CP group), so cp = 2 with and without
+/// expert parallelism (the expert grid folds over the CP ranks) matches one rank, for the
+/// micro-batch and the per-sequence aux loss, and with the expert bias.
+#[test]
+fn context_parallel_moe_matches_one_rank() {
+    let plugin = plugin_args();
+    let tmp = tempfile::tempdir().unwrap();
+    let iters = ["--train-iters", "4"];
+    let cp2 = ["--nproc", "2", "--context-parallel-size", "2"];
+    for (kind, extra) in [
+        ("aux", &[][..]),
+        ("seq", &["--moe-router-load-balancing-type", "seq_aux_loss"][..]),
+        (
+            "bias",
+            &[
+                "--moe-router-score-function",
+                "sigmoid",
+                "--moe-router-enable-expert-bias",
+                "--moe-router-bias-update-rate",
+                "0.1",
+            ][..],
+        ),
+    ] {
+        let single = run(&plugin, tmp.path(), &format!("{kind}-single"), &[&iters[..], extra].concat());
+        let layouts: Vec<(&str, Vec<&str>)> = match kind {
+            "aux" => vec![
+                ("cp2", cp2.to_vec()),
+                ("cp2-ep2", [&cp2[..], &["--expert-model-parallel-size", "2"]].concat()),
+                (
+                    "cp2-dp2-ep4-allgather",
+                    vec![
+                        "--nproc",
+                        "4",
+                        "--context-parallel-size",
+                        "2",
+                        "--expert-model-parallel-size",
+                        "4",
+                        "--moe-token-dispatcher-type",
+                        "allgather",
+                    ],
+                ),
+            ],
+            _ => vec![("cp2-ep2", [&cp2[..], &["--expert-model-parallel-size", "2"]].concat())],
+        };
+        for (name, layout) in layouts {
+            let label = format!("{kind}-{name}");
+            let got = run(&plugin, tmp.path(), &label, &[&iters[..], extra, &layout].concat());
+            assert_close(&got, &single, &label);
+        }
+    }
+}

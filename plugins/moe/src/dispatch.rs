@@ -99,14 +99,9 @@ impl EpGroup {
 
 /// `ctx` with the expert grid `ep × etp` (SPEC §5.1 parallel folding): `ctx` itself when the
 /// strategy built it so, else derived from its dense grid (layer-level tests build plain
-/// contexts). Context parallelism with sharded experts is refused.
+/// contexts). The grid folds over the context-parallel ranks too: tokens are rows, so a CP
+/// rank's sequence shard is dispatched like a DP rank's samples.
 pub fn expert_grid(ctx: &ParallelContext, ep: usize, etp: usize) -> Result<ParallelContext> {
-    if ep * etp > 1 && ctx.grid.cp > 1 {
-        bail!(
-            "--expert-model-parallel-size {ep} / --expert-tensor-parallel-size {etp} with context parallelism is not \
-             implemented in the moe plugin; use cp = 1 with sharded experts"
-        );
-    }
     let (have_ep, have_etp) = (ctx.expert_model_parallel_size, ctx.expert_tensor_parallel_size);
     if (have_ep, have_etp) == (ep, etp) {
         Ok(ctx.clone())

@@ -164,6 +164,14 @@ impl MoeLayer {
         })
     }
 
+    /// `v` summed over the context-parallel group (`v` itself without CP).
+    fn sum_over_cp(&self, mut v: Vec<f64>) -> Result<Vec<f64>> {
+        if self.ctx.grid.cp > 1 {
+            self.ctx.comm.all_reduce_f64(&self.ctx.cp_group, &mut v, ReduceOp::Sum)?;
+        }
+        Ok(v)
+    }
+
     fn record(&mut self, name: String, value: f64) {
         let m = self.metrics.entry(name).or_insert((0.0, 0.0));
         m.0 += value;
@@ -196,39 +204,41 @@ impl MoeLayer {
         let mut aux_d = vec![0.0f32; n * e];
         if step.train {
             let g = 1.0 / self.cfg.num_microbatches as f32;
+            // Context parallelism: this rank holds 1/cp of every sequence. The aux losses count
+            // tokens over the whole sequences (counts summed over the CP group, totals × cp) and
+            // each rank adds its own tokens' share of the loss, so the shares sum to the
+            // single-rank loss; their gradients are scaled by cp like the LM loss's, because
+            // the gradient reduction averages over dp·cp. (The z-loss is a mean over tokens: a
+            // rank's mean is already the right share.)
+            let cp = self.ctx.grid.cp;
+            let g_aux = g * cp as f32;
             let coeff = self.cfg.moe_aux_loss_coeff;
             let kind = self.cfg.moe_router_load_balancing_type.clone();
             let aux = match kind.as_str() {
                 "aux_loss" if coeff > 0.0 => {
-                    router::switch_aux_loss(self.score, &lv, e, k, n, &counts, n as f64, coeff, g, &mut aux_d)
+                    let whole = self.sum_over_cp(counts.clone())?;
+                    let t = (n * cp) as f64;
+                    router::switch_aux_loss(self.score, &lv, e, k, n, &whole, t, coeff, g_aux, &mut aux_d)
                 }
                 "seq_aux_loss" if coeff > 0.0 => {
-                    let per_seq = router::counts(&idx, e, k, step.seq);
-                    router::switch_aux_loss(
-                        self.score,
-                        &lv,
-                        e,
-                        k,
-                        step.seq,
-                        &per_seq,
-                        step.seq as f64,
-                        coeff,
-                        g,
-                        &mut aux_d,
-                    )
+                    let per_seq = self.sum_over_cp(router::counts(&idx, e, k, step.seq))?;
+                    let t = (step.seq * cp) as f64;
+                    router::switch_aux_loss(self.score, &lv, e, k, step.seq, &per_seq, t, coeff, g_aux, &mut aux_d)
                 }
                 "global_aux_loss" if coeff > 0.0 => {
-                    let mut global = counts.clone();
+                    let mut global = self.sum_over_cp(counts.clone())?;
                     self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut global, ReduceOp::Sum)?;
                     self.global_counts.iter_mut().zip(&global).for_each(|(a, b)| *a += b);
                     self.global_microbatches += 1;
                     let avg: Vec<f64> =
                         self.global_counts.iter().map(|v| v / self.global_microbatches as f64).collect();
-                    let t = (n * self.ctx.dp_size()) as f64;
-                    router::switch_aux_loss(self.score, &lv, e, k, n, &avg, t, coeff, g, &mut aux_d)
+                    let t = (n * self.ctx.dp_size() * cp) as f64;
+                    router::switch_aux_loss(self.score, &lv, e, k, n, &avg, t, coeff, g_aux, &mut aux_d)
                 }
                 _ => 0.0,
             };
+            // The logged value is the whole loss: the CP ranks' shares added up.
+            let aux = if cp > 1 && aux != 0.0 { self.sum_over_cp(vec![aux])?[0] } else { aux };
             let z = match self.cfg.moe_z_loss_coeff {
                 Some(cz) if cz > 0.0 => router::z_loss(&lv, e, cz, g, &mut aux_d),
                 _ => 0.0,
@@ -550,7 +560,10 @@ impl MlpModule for MoeLayer {
     /// `bias_i += rate · sign(mean − n_i)`; and the reset of the global aux-loss counts.
     fn finalize_grads(&mut self) -> Result<()> {
         if self.cfg.moe_router_enable_expert_bias {
-            let mut counts = std::mem::take(&mut self.step_counts);
+            // Over DP and CP: every rank of a model replica sees the same counts, so the bias
+            // stays identical on all of them.
+            let counts = std::mem::take(&mut self.step_counts);
+            let mut counts = self.sum_over_cp(counts)?;
             self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut counts, ReduceOp::Sum)?;
             let mean = counts.iter().sum::<f64>() / counts.len() as f64;
             let rate = self.cfg.moe_router_bias_update_rate;
