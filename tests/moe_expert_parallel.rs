@@ -286,3 +286,32 @@ fn context_parallel_moe_matches_one_rank() {
         }
     }
 }
+
+/// Sequence parallelism: the MoE layer gets this TP rank's `(B·T/tp, C)` shard of the tokens
+/// (the aux-loss counts are summed over the TP group, the z-loss divided by tp, the router and
+/// replicated experts' gradients summed over TP by the model, sharded experts left to their
+/// expert-data-parallel group) and matches one rank, with replicated, expert-parallel and
+/// expert-tensor-parallel experts, with CP, and for the per-sequence aux loss.
+#[test]
+fn sequence_parallel_moe_matches_one_rank() {
+    let plugin = plugin_args();
+    let tmp = tempfile::tempdir().unwrap();
+    let iters = ["--train-iters", "4"];
+    let tp2sp = ["--nproc", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"];
+    let single = run(&plugin, tmp.path(), "sp-single", &iters);
+    let cp = ["--nproc", "4", "--context-parallel-size", "2", "--expert-model-parallel-size", "4"];
+    for (name, layout) in [
+        ("tp2-sp", tp2sp.to_vec()),
+        ("tp2-sp-ep2", [&tp2sp[..], &["--expert-model-parallel-size", "2"]].concat()),
+        ("tp2-sp-etp2", [&tp2sp[..], &[ETP2]].concat()),
+        ("tp2-sp-cp2-ep4", [&tp2sp[2..], &cp].concat()),
+    ] {
+        let got = run(&plugin, tmp.path(), name, &[&iters[..], &layout].concat());
+        assert_close(&got, &single, name);
+    }
+    let seq = ["--moe-router-load-balancing-type", "seq_aux_loss"];
+    let single = run(&plugin, tmp.path(), "sp-seq-single", &[&iters[..], &seq].concat());
+    let layout = [&tp2sp[..], &["--expert-model-parallel-size", "2"]].concat();
+    let got = run(&plugin, tmp.path(), "sp-seq-ep2", &[&iters[..], &seq, &layout].concat());
+    assert_close(&got, &single, "seq_aux_loss tp2-sp-ep2");
+}

@@ -35,6 +35,10 @@ pub struct MlpEnv {
     pub output_init_std: f32,
     /// Base seed of the parameter initialization.
     pub seed: u64,
+    /// Sequence parallelism (tp > 1): the slot's input and output are this TP rank's `(N/tp,
+    /// C)` shard of the flattened `(B, T)` tokens, and the gradients of parameters replicated
+    /// over TP are summed over the TP group by the model afterwards.
+    pub sequence_parallel: bool,
 }
 
 /// The microbatch a module runs on.

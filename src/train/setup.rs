@@ -140,13 +140,8 @@ pub fn build_trainer_with_comm(
 
     // `--num-experts`: the `moe` plugin fills the MLP slots (an error naming the plugin otherwise);
     // with --expert-model-parallel-size / --expert-tensor-parallel-size the strategy folded the
-    // expert grid over TP×DP (§5.8), and the plugin splits the tokens over TP itself.
-    anyhow::ensure!(
-        !(a.sequence_parallel && ctx.tp_size() > 1 && ctx.experts_sharded()),
-        "--sequence-parallel with sharded experts (--expert-model-parallel-size x --expert-tensor-parallel-size > 1 \
-         at --tensor-model-parallel-size > 1) is not implemented: drop --sequence-parallel (the moe plugin splits \
-         the tokens over TP itself)"
-    );
+    // expert grid over TP×CP×DP (§5.8); the plugin splits the tokens over TP itself, or takes
+    // the sequence-parallel shard it is given.
     let moe_provider = match a.moe.plugin_config(cfg.num_microbatches) {
         Some(config) => Some(registry.mlp_provider("moe", config)?),
         None => None,

@@ -165,6 +165,7 @@ impl SpecProvider for WithMlpProvider<'_> {
             init_method_std: cfg.init_method_std,
             output_init_std: cfg.output_init_std(),
             seed: b.seed,
+            sequence_parallel: b.sequence_parallel && b.tp_size() > 1,
         };
         self.mlp.build(&env)
     }

@@ -66,9 +66,12 @@ pub fn is_sequence_parallel_param(p: &Param) -> bool {
 }
 
 /// SUM all-reduce over TP of the gradients of `params` that [`is_sequence_parallel_param`]
-/// selects (SPEC §5.10 step 2), in the given order.
+/// selects (SPEC §5.10 step 2), in the given order. Experts sharded over an expert grid that
+/// spans the TP ranks are different tensors on each TP rank (reduced over their
+/// expert-data-parallel group instead), so they are left out.
 pub fn all_reduce_sequence_parallel_grads(ctx: &ParallelContext, params: Vec<&mut Param>) -> Result<()> {
-    for p in params.into_iter().filter(|p| is_sequence_parallel_param(p)) {
+    let sharded_expert = |p: &Param| p.layout.expert_parallel && ctx.experts_sharded();
+    for p in params.into_iter().filter(|p| is_sequence_parallel_param(p) && !sharded_expert(p)) {
         ctx.comm
             .all_reduce(&ctx.tp_group, &mut p.grad, ReduceOp::Sum)
             .with_context(|| format!("sequence-parallel all-reduce over TP of the gradient of {}", p.name))?;

@@ -55,6 +55,8 @@ pub struct MoeLayer {
     tp: Option<EpGroup>,
     /// Experts per EP rank.
     local: usize,
+    /// Sequence parallelism: the input `(N/tp, C)` is this TP rank's shard of the tokens.
+    sp: bool,
     /// `{prefix}.router.weight` `(E, C)`.
     pub router: Param,
     pub experts: Experts,
@@ -83,8 +85,10 @@ impl MoeLayer {
         let grid = expert_grid(&env.ctx, ep, etp)?;
         let group = EpGroup::of(&grid, grid.ep_group.clone(), backend.clone());
         let etp_group = EpGroup::of(&grid, grid.etp_group.clone(), backend.clone());
-        // The expert grid spans TP ranks: each TP rank dispatches its share of the tokens.
-        let tp = (grid.experts_sharded() && grid.tp_size() > 1)
+        // The expert grid spans TP ranks: each TP rank dispatches its share of the tokens (with
+        // sequence parallelism the slot's input already is that share).
+        let sp = env.sequence_parallel && env.ctx.tp_size() > 1;
+        let tp = (grid.experts_sharded() && grid.tp_size() > 1 && !sp)
             .then(|| EpGroup::of(&grid, grid.tp_group.clone(), backend.clone()));
         let local = e / ep;
         let ffn = cfg.moe_ffn_hidden_size.unwrap_or(env.ffn_hidden_size);
@@ -137,6 +141,7 @@ impl MoeLayer {
         };
         Ok(MoeLayer {
             score: Score::of(&cfg),
+            sp,
             layer: env.layer_number,
             hidden: env.hidden_size,
             ctx: env.ctx.clone(),
@@ -164,10 +169,14 @@ impl MoeLayer {
         })
     }
 
-    /// `v` summed over the context-parallel group (`v` itself without CP).
-    fn sum_over_cp(&self, mut v: Vec<f64>) -> Result<Vec<f64>> {
+    /// `v` summed over the ranks that hold parts of the same sequences: the context-parallel
+    /// group and, with sequence parallelism, the tensor-parallel group (`v` itself without).
+    fn sum_over_token_group(&self, mut v: Vec<f64>) -> Result<Vec<f64>> {
         if self.ctx.grid.cp > 1 {
             self.ctx.comm.all_reduce_f64(&self.ctx.cp_group, &mut v, ReduceOp::Sum)?;
+        }
+        if self.sp {
+            self.ctx.comm.all_reduce_f64(&self.ctx.tp_group, &mut v, ReduceOp::Sum)?;
         }
         Ok(v)
     }
@@ -204,44 +213,55 @@ impl MoeLayer {
         let mut aux_d = vec![0.0f32; n * e];
         if step.train {
             let g = 1.0 / self.cfg.num_microbatches as f32;
-            // Context parallelism: this rank holds 1/cp of every sequence. The aux losses count
-            // tokens over the whole sequences (counts summed over the CP group, totals × cp) and
-            // each rank adds its own tokens' share of the loss, so the shares sum to the
-            // single-rank loss; their gradients are scaled by cp like the LM loss's, because
-            // the gradient reduction averages over dp·cp. (The z-loss is a mean over tokens: a
-            // rank's mean is already the right share.)
-            let cp = self.ctx.grid.cp;
+            // Tokens spread over ranks: with context parallelism this rank holds 1/cp of every
+            // sequence, with sequence parallelism 1/tp of the flattened (B, T) rows. The aux
+            // losses count tokens over the whole sequences (counts summed over the CP and SP
+            // groups, totals × cp·sp) and each rank adds its own tokens' share of the loss, so
+            // the shares sum to the single-rank loss. The gradient reduction averages over
+            // dp·cp but sums the SP group's replicated gradients, so the shares' gradients are
+            // scaled by cp; the z-loss, a mean over tokens, is already a CP rank's share and
+            // is divided by sp for an SP rank's.
+            let (cp, sp) = (self.ctx.grid.cp, if self.sp { self.ctx.tp_size() } else { 1 });
             let g_aux = g * cp as f32;
             let coeff = self.cfg.moe_aux_loss_coeff;
             let kind = self.cfg.moe_router_load_balancing_type.clone();
             let aux = match kind.as_str() {
                 "aux_loss" if coeff > 0.0 => {
-                    let whole = self.sum_over_cp(counts.clone())?;
-                    let t = (n * cp) as f64;
-                    router::switch_aux_loss(self.score, &lv, e, k, n, &whole, t, coeff, g_aux, &mut aux_d)
+                    let whole = self.sum_over_token_group(counts.clone())?;
+                    let (ch, t) = (router::Chunks::local(n, n), (n * cp * sp) as f64);
+                    router::switch_aux_loss(self.score, &lv, e, k, ch, &whole, t, coeff, g_aux, &mut aux_d)
                 }
                 "seq_aux_loss" if coeff > 0.0 => {
-                    let per_seq = self.sum_over_cp(router::counts(&idx, e, k, step.seq))?;
+                    // A rank's rows are consecutive in the flattened (B, T_cp) of its CP shard.
+                    let rank = if self.sp { self.ctx.tp_rank } else { 0 };
+                    let ch = router::Chunks { rows: step.seq, offset: rank * n, chunks: step.batch };
+                    let per_seq = self.sum_over_token_group(router::counts_in(&idx, e, k, ch))?;
                     let t = (step.seq * cp) as f64;
-                    router::switch_aux_loss(self.score, &lv, e, k, step.seq, &per_seq, t, coeff, g_aux, &mut aux_d)
+                    router::switch_aux_loss(self.score, &lv, e, k, ch, &per_seq, t, coeff, g_aux, &mut aux_d)
                 }
                 "global_aux_loss" if coeff > 0.0 => {
-                    let mut global = self.sum_over_cp(counts.clone())?;
+                    let mut global = self.sum_over_token_group(counts.clone())?;
                     self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut global, ReduceOp::Sum)?;
                     self.global_counts.iter_mut().zip(&global).for_each(|(a, b)| *a += b);
                     self.global_microbatches += 1;
                     let avg: Vec<f64> =
                         self.global_counts.iter().map(|v| v / self.global_microbatches as f64).collect();
-                    let t = (n * self.ctx.dp_size() * cp) as f64;
-                    router::switch_aux_loss(self.score, &lv, e, k, n, &avg, t, coeff, g_aux, &mut aux_d)
+                    let t = (n * self.ctx.dp_size() * cp * sp) as f64;
+                    let ch = router::Chunks::local(n, n);
+                    router::switch_aux_loss(self.score, &lv, e, k, ch, &avg, t, coeff, g_aux, &mut aux_d)
                 }
                 _ => 0.0,
             };
-            // The logged value is the whole loss: the CP ranks' shares added up.
-            let aux = if cp > 1 && aux != 0.0 { self.sum_over_cp(vec![aux])?[0] } else { aux };
             let z = match self.cfg.moe_z_loss_coeff {
-                Some(cz) if cz > 0.0 => router::z_loss(&lv, e, cz, g, &mut aux_d),
+                Some(cz) if cz > 0.0 => router::z_loss(&lv, e, cz / sp as f32, g, &mut aux_d),
                 _ => 0.0,
+            };
+            // Logged: the whole losses (the shares added up; the CP ranks' z means averaged).
+            let (aux, z) = if cp * sp > 1 {
+                let v = self.sum_over_token_group(vec![aux, z])?;
+                (v[0], v[1] / cp as f64)
+            } else {
+                (aux, z)
             };
             self.last_losses = (aux, z);
             if kind != "none" && coeff > 0.0 {
@@ -563,7 +583,7 @@ impl MlpModule for MoeLayer {
             // Over DP and CP: every rank of a model replica sees the same counts, so the bias
             // stays identical on all of them.
             let counts = std::mem::take(&mut self.step_counts);
-            let mut counts = self.sum_over_cp(counts)?;
+            let mut counts = self.sum_over_token_group(counts)?;
             self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut counts, ReduceOp::Sum)?;
             let mean = counts.iter().sum::<f64>() / counts.len() as f64;
             let rate = self.cfg.moe_router_bias_update_rate;

@@ -169,16 +169,41 @@ pub fn capacity_mask(idx: &[i32], gate: &[f32], e: usize, capacity: usize, by_pr
     kept
 }
 
+/// How a rank's tokens fall into the chunks the load-balancing loss counts over: local token
+/// `t` belongs to chunk `(offset + t) / rows` of `chunks` (one chunk for `aux_loss`; the
+/// sequences for `seq_aux_loss`, where a sequence-parallel rank's rows start at `offset` of the
+/// flattened `(B, T)`).
+#[derive(Clone, Copy, Debug)]
+pub struct Chunks {
+    pub rows: usize,
+    pub offset: usize,
+    pub chunks: usize,
+}
+
+impl Chunks {
+    /// Consecutive chunks of `rows` of this rank's `n` tokens.
+    pub fn local(n: usize, rows: usize) -> Chunks {
+        Chunks { rows: rows.max(1), offset: 0, chunks: n.div_ceil(rows.max(1)).max(1) }
+    }
+
+    fn of(&self, t: usize) -> usize {
+        (self.offset + t) / self.rows
+    }
+}
+
+/// Tokens routed to each expert by `idx` (before dropping), per chunk: `(chunks, E)` row-major.
+pub fn counts_in(idx: &[i32], e: usize, k: usize, ch: Chunks) -> Vec<f64> {
+    let mut c = vec![0.0f64; ch.chunks * e];
+    for (a, &j) in idx.iter().enumerate() {
+        c[ch.of(a / k) * e + j as usize] += 1.0;
+    }
+    c
+}
+
 /// Tokens routed to each expert by `idx` (before dropping), per sequence chunk of `rows`
 /// tokens: `(chunks, E)` row-major.
 pub fn counts(idx: &[i32], e: usize, k: usize, rows: usize) -> Vec<f64> {
-    let n = idx.len() / k;
-    let chunks = n.div_ceil(rows.max(1));
-    let mut c = vec![0.0f64; chunks * e];
-    for (a, &j) in idx.iter().enumerate() {
-        c[(a / k) / rows.max(1) * e + j as usize] += 1.0;
-    }
-    c
+    counts_in(idx, e, k, Chunks::local(idx.len() / k.max(1), rows))
 }
 
 /// The aux-loss scores over all experts: softmax, or sigmoid normalised over the experts.
@@ -193,29 +218,28 @@ fn aux_scores(score: Score, row: &[f32]) -> Vec<f32> {
     }
 }
 
-/// Switch load-balancing loss `L = coeff·E/(k·T²)·Σ_i (Σ_x p_{x,i})·n_i` over consecutive
-/// chunks of `rows` tokens (one chunk: `aux_loss`; sequences: `seq_aux_loss`, averaged over
-/// them), `n` given per chunk `(chunks, E)` with token total `t_total` per chunk. Adds
-/// `grad_scale · dL/dlogits` into `d_logits` and returns `L`.
+/// Switch load-balancing loss `L = coeff·E/(k·T²)·Σ_i (Σ_x p_{x,i})·n_i` per chunk (one
+/// chunk: `aux_loss`; sequences: `seq_aux_loss`, averaged over them), `n` given per chunk
+/// `(chunks, E)` with token total `t_total` per chunk. Only this rank's tokens enter `Σ_x`, so
+/// with tokens spread over ranks (CP, SP) every rank returns its share and the shares add up.
+/// Adds `grad_scale · dL/dlogits` into `d_logits` and returns the share.
 #[allow(clippy::too_many_arguments)]
 pub fn switch_aux_loss(
     score: Score,
     logits: &[f32],
     e: usize,
     k: usize,
-    rows: usize,
+    ch: Chunks,
     n: &[f64],
     t_total: f64,
     coeff: f32,
     grad_scale: f32,
     d_logits: &mut [f32],
 ) -> f64 {
-    let tokens = logits.len() / e;
-    let chunks = tokens.div_ceil(rows.max(1));
-    let c = coeff as f64 * e as f64 / (k as f64 * t_total * t_total) / chunks as f64;
+    let c = coeff as f64 * e as f64 / (k as f64 * t_total * t_total) / ch.chunks as f64;
     let mut loss = 0.0f64;
     for (t, row) in logits.chunks(e).enumerate() {
-        let counts = &n[(t / rows.max(1)) * e..(t / rows.max(1) + 1) * e];
+        let counts = &n[ch.of(t) * e..(ch.of(t) + 1) * e];
         let p = aux_scores(score, row);
         loss += p.iter().zip(counts).map(|(&pi, &ni)| pi as f64 * ni).sum::<f64>() * c;
         // dL/dp_i = c·n_i, then through the score function over all experts.

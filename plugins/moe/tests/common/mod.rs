@@ -49,6 +49,7 @@ pub fn env(backend: Arc<dyn Backend>, ctx: ParallelContext, swiglu: bool) -> Mlp
         init_method_std: 0.5,
         output_init_std: 0.5,
         seed: 7,
+        sequence_parallel: false,
     }
 }
 
