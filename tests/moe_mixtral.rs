@@ -2,7 +2,8 @@
 //! time (`scripts/mixtral_tiny.py`, /work/venv/bin/python or $MEGATRON_PYTHON) is loaded
 //! into a GPT whose MLP slots the `moe` plugin fills; its logits equal transformers' within
 //! 1e-4 of the largest logit, exporting back gives every HF tensor bit-identically, and
-//! `megatron import hf` writes a checkpoint holding exactly the loaded weights, which
+//! `megatron import hf` writes a checkpoint holding exactly the loaded weights (also from the
+//! same weights split into two shards with an index), which
 //! `megatron export hf` turns back into the original tensors (bit-identical) and from which
 //! `megatron generate` decodes greedily the tokens transformers does.
 //! Skips when the Python environment (torch + transformers) is absent.
@@ -126,6 +127,44 @@ fn tiny_mixtral_logits_match_transformers_and_export_round_trips() {
     ckpt.load_params(&mut refs, backend.as_ref()).unwrap();
     for (a, b) in loaded.iter().zip(model.params()) {
         assert_eq!(a.value.host_f32().unwrap(), b.value.host_f32().unwrap(), "{} in the imported checkpoint", a.name);
+    }
+
+    // The same weights as two shards + `model.safetensors.index.json` (how transformers saves
+    // models above its shard size): the import writes the same checkpoint tensors.
+    let sharded = dir.join("sharded");
+    std::fs::create_dir(&sharded).unwrap();
+    std::fs::copy(&cfg_path, sharded.join("config.json")).unwrap();
+    let mut names: Vec<&String> = st.names();
+    names.sort();
+    let mut weight_map = serde_json::Map::new();
+    for (i, part) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", i + 1);
+        let views: Vec<(&str, safetensors::tensor::TensorView)> =
+            part.iter().map(|n| (n.as_str(), st.tensor(n).unwrap())).collect();
+        std::fs::write(sharded.join(&file), safetensors::serialize(views, &None).unwrap()).unwrap();
+        for n in part {
+            weight_map.insert(n.to_string(), json!(file));
+        }
+    }
+    let index = json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    let save_sharded = dir.join("ckpt-sharded");
+    let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+        .args(plugin_args())
+        .args(["import", "hf", "--hf-dir"])
+        .arg(&sharded)
+        .arg("--save")
+        .arg(&save_sharded)
+        .args(["--make-vocab-size-divisible-by", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "sharded import: {}", String::from_utf8_lossy(&out.stderr));
+    let ckpt2 = megatron_checkpoint::load(&save_sharded, None).unwrap();
+    let stored: Vec<&str> = ckpt.tensor_names().collect();
+    assert_eq!(stored, ckpt2.tensor_names().collect::<Vec<_>>(), "tensor names of the sharded import");
+    for name in stored {
+        let (a, b) = (ckpt.tensor(name).unwrap(), ckpt2.tensor(name).unwrap());
+        assert!(a.1 == b.1 && a.0.to_le_bytes() == b.0.to_le_bytes(), "{name} differs in the sharded import");
     }
 
     // `megatron export hf` of that checkpoint: a Mixtral directory with every tensor of the

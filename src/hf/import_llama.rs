@@ -9,11 +9,9 @@
 use super::gguf::llama_args_json;
 use anyhow::{bail, Context, Result};
 use megatron_checkpoint::CheckpointMeta;
-use megatron_core::{Backend, DType, HostBuffer, Model, ParallelContext, Registry};
+use megatron_core::{Backend, Model, ParallelContext, Registry};
 use megatron_gpt::{load_hf_llama, GptConfig, GptModel};
-use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -69,23 +67,6 @@ pub fn gpt_config_from_hf_llama(cfg: &Value, path: &Path, divisible_by: usize) -
     Ok(c)
 }
 
-/// The safetensors files of `dir`: `model.safetensors`, or the shards an index names.
-fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let single = dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let index = dir.join("model.safetensors.index.json");
-    let text = std::fs::read_to_string(&index)
-        .with_context(|| format!("{} has neither model.safetensors nor {}", dir.display(), index.display()))?;
-    let v: Value = serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
-    let map = v["weight_map"].as_object().with_context(|| format!("{}: no `weight_map` object", index.display()))?;
-    let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
-    files.sort();
-    files.dedup();
-    Ok(files.into_iter().map(|f| dir.join(f)).collect())
-}
-
 /// Loads an HF Llama-family directory into a new checkpoint at `save`.
 pub fn run(
     dir: &Path,
@@ -96,41 +77,10 @@ pub fn run(
     registry: &Registry,
 ) -> Result<PathBuf> {
     let config = gpt_config_from_hf_llama(cfg, cfg_path, divisible_by)?;
-    let files = shard_files(dir)?;
-    let blobs: Vec<(PathBuf, Vec<u8>)> = files
-        .iter()
-        .map(|f| Ok((f.clone(), std::fs::read(f).with_context(|| format!("reading {}", f.display()))?)))
-        .collect::<Result<_>>()?;
-    let mut tensors = BTreeMap::new();
-    let parsed: Vec<(PathBuf, SafeTensors)> = blobs
-        .iter()
-        .map(|(p, b)| {
-            let st = SafeTensors::deserialize(b)
-                .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", p.display()))?;
-            Ok((p.clone(), st))
-        })
-        .collect::<Result<_>>()?;
-    for (i, (_, st)) in parsed.iter().enumerate() {
-        for name in st.names() {
-            tensors.insert(name.to_string(), i);
-        }
-    }
     let backend: Arc<dyn Backend> = registry.backend("cpu", json!({}))?;
     let mut model = GptModel::new(config.clone(), backend.clone(), ParallelContext::single())?;
-    load_hf_llama(&mut model, &mut |name| {
-        let i = *tensors.get(name).with_context(|| format!("{} has no tensor `{name}`", dir.display()))?;
-        let (path, st) = &parsed[i];
-        let view = st.tensor(name).with_context(|| format!("{}: tensor `{name}`", path.display()))?;
-        let dtype = match view.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => bail!("HF tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"),
-        };
-        let data = HostBuffer::from_le_bytes(dtype, view.data()).with_context(|| format!("HF tensor `{name}`"))?;
-        Ok((data.to_f32_vec(), view.shape().to_vec()))
-    })
-    .with_context(|| format!("loading {}", dir.display()))?;
+    super::files::with_safetensors_dir(dir, |read| load_hf_llama(&mut model, read))
+        .with_context(|| format!("loading {}", dir.display()))?;
 
     let tok_src = dir.join("tokenizer.json");
     let tok_dir = save.join("tokenizer");

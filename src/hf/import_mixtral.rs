@@ -14,10 +14,9 @@
 use anyhow::{bail, Context, Result};
 use megatron_checkpoint::CheckpointMeta;
 use megatron_core::registry::ModelEnv;
-use megatron_core::{Backend, DType, HostBuffer, Model, ParallelContext, Param, Registry};
+use megatron_core::{Backend, Model, ParallelContext, Param, Registry};
 use megatron_gpt::hf_llama::{fuse_qkv, hf_llama_entries, split_qkv, Dense, LlamaEntry};
 use megatron_gpt::GptConfig;
-use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -218,7 +217,8 @@ pub fn hf_mixtral_config(model: &megatron_gpt::GptModel, moe: &Value, bos: Optio
     Ok(cfg)
 }
 
-/// `megatron import hf` for a Mixtral directory (single `model.safetensors`): builds the GPT
+/// `megatron import hf` for a Mixtral directory (`model.safetensors` or the shards of
+/// `model.safetensors.index.json`): builds the GPT
 /// with the registry's `moe` plugin (`--plugin libmegatron_moe.so` or feature `moe`), loads the
 /// weights and saves iteration 0 with the MoE flags in its args.
 pub fn run(
@@ -231,11 +231,6 @@ pub fn run(
 ) -> Result<PathBuf> {
     let (config, moe) = mixtral_configs(cfg, cfg_path, divisible_by)?;
     let experts = moe["num_experts"].as_u64().unwrap_or(0) as usize;
-    let path = dir.join("model.safetensors");
-    let blob = std::fs::read(&path)
-        .with_context(|| format!("reading {} (sharded Mixtral checkpoints are not supported yet)", path.display()))?;
-    let st = SafeTensors::deserialize(&blob)
-        .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", path.display()))?;
     let backend: Arc<dyn Backend> = registry.backend("cpu", json!({}))?;
     let env = ModelEnv {
         backend: backend.clone(),
@@ -243,18 +238,8 @@ pub fn run(
         mlp: Some(registry.mlp_provider("moe", moe.clone())?),
     };
     let mut model = registry.model("gpt", serde_json::to_value(&config)?, &env)?;
-    load_hf_mixtral(model.as_mut(), &config, experts, &mut |name| {
-        let view = st.tensor(name).map_err(|e| anyhow::anyhow!("{}: tensor `{name}`: {e}", path.display()))?;
-        let dtype = match view.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => bail!("HF tensor `{name}` has dtype {other:?}; expected F32, F16 or BF16"),
-        };
-        let data = HostBuffer::from_le_bytes(dtype, view.data()).with_context(|| format!("HF tensor `{name}`"))?;
-        Ok((data.to_f32_vec(), view.shape().to_vec()))
-    })
-    .with_context(|| format!("loading {}", dir.display()))?;
+    super::files::with_safetensors_dir(dir, |read| load_hf_mixtral(model.as_mut(), &config, experts, read))
+        .with_context(|| format!("loading {}", dir.display()))?;
     let mut args = crate::hf::gguf::llama_args_json(&config, None, "hf");
     for (k, v) in moe.as_object().into_iter().flatten() {
         args[k] = v.clone();
