@@ -65,16 +65,20 @@ def lambada(model, tok, path, n):
     forwards = 0
     t0 = time.time()
     for text in texts:
-        cache = {}
-        for strict in (False, True):
-            ctx, tgt = split(tok, text, strict)
+        splits = {strict: split(tok, text, strict) for strict in (False, True)}
+        # Rows each distinct id sequence needs: the longest target among the rules sharing it.
+        keep = {}
+        for ctx, tgt in splits.values():
             ids = tuple(ctx + tgt)
-            if ids not in cache:
-                keep = len(ids) - len(ctx) + 1
-                with torch.no_grad():
-                    cache[ids] = model(torch.tensor([list(ids)]), logits_to_keep=keep).logits[0]
-                forwards += 1
-            logits = cache[ids]
+            keep[ids] = max(keep.get(ids, 0), len(tgt) + 1)
+        cache = {}
+        for ids, k in keep.items():
+            with torch.no_grad():
+                cache[ids] = model(torch.tensor([list(ids)]), logits_to_keep=k).logits[0]
+            forwards += 1
+        for strict in (False, True):
+            ctx, tgt = splits[strict]
+            logits = cache[tuple(ctx + tgt)]
             # logits[i] predicts token len(ids) - keep + 1 + i; the last row predicts nothing.
             pred = logits[-len(tgt) - 1:-1].argmax(-1).tolist()
             correct[strict].append(int(pred == tgt))
