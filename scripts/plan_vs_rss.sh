@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${1:-target/release/megatron}
+P=${P:-$M}
 FILTER=${2:-}
 LOCK=${LOCK:-}
 NICE=${NICE:-0}
@@ -38,7 +39,7 @@ common="--mock-data --train-iters 2 --lr 1e-4 --eval-iters 0 --eval-interval 100
 locked() { if [ -n "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
 pair() {
   # shellcheck disable=SC2086
-  nice -n "$NICE" "$M" plan $flags $common --memory-budget 1T >"$tmp/plan" 2>&1 || return 1
+  nice -n "$NICE" "$P" plan $flags $common --memory-budget 1T >"$tmp/plan" 2>&1 || return 1
   need=$(( $(sed -n 's/.*process total.*(\([0-9]*\) bytes).*/\1/p' "$tmp/plan") / 1024 + 3 * 1024 * 1024 ))
   for _ in $(seq 60); do
     (( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) > need )) && break
@@ -46,13 +47,13 @@ pair() {
   done
   (( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) > need )) || { echo "not enough free memory" >"$tmp/err"; return 1; }
   # shellcheck disable=SC2086
-  /usr/bin/time -v nice -n "$NICE" "$M" pretrain $flags $common >"$tmp/out" 2>"$tmp/err"
+  /usr/bin/time -v nice -n "$NICE" "$M" pretrain $flags $common --timing-log-level 1 >"$tmp/out" 2>"$tmp/err"
 }
 printf "%-15s %9s %9s %7s %8s %8s %6s  %s\n" config plan_GiB rss_GiB ratio plan_s step_s s_ratio "largest transient"
 for c in "${configs[@]}"; do
   name=${c%% *}; flags=${c#* }
   [[ -n "$FILTER" && "$name" != *$FILTER* ]] && continue
-  export M flags common tmp NICE
+  export M P flags common tmp NICE
   if ! locked bash -c "$(declare -f pair); pair"; then cat "$tmp/plan"; tail -5 "$tmp/err"; continue; fi
   bytes=$(sed -n 's/.*process total.*(\([0-9]*\) bytes).*/\1/p' "$tmp/plan")
   pstep=$(sed -n 's/predicted step time: \([0-9.]*\) s.*/\1/p' "$tmp/plan")
@@ -62,4 +63,10 @@ for c in "${configs[@]}"; do
   step=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$tmp/out" | tail -1 | awk '{print $NF / 1000}')
   awk -v n="$name" -v p="$bytes" -v r="$rss" -v ps="$pstep" -v s="$step" -v ph="$phase" \
     'BEGIN {printf "%-15s %9.3f %9.3f %7.3f %8.2f %8.2f %6.2f  %s\n", n, p/2^30, r/2^30, p/r, ps, s, ps/s, ph}'
+  # The step-time terms of the plan and, with several ranks, where each rank's time went.
+  if [ -n "${LOGDIR:-}" ]; then
+    mkdir -p "$LOGDIR"; cp "$tmp/plan" "$LOGDIR/$name.plan"; cp "$tmp/out" "$LOGDIR/$name.out"
+  fi
+  sed -n 's/^predicted step time: [0-9.]* s (\(.*\)) at \(.*\)/    plan: \1; \2/p' "$tmp/plan"
+  grep -E '^rank [0-9]+:|^    (all_reduce|send|recv|reduce_scatter|all_gather) ' "$tmp/out" | sed 's/^/    /' || true
 done

@@ -1,15 +1,21 @@
 //! `megatron plan`: the `pretrain` flags in, the planner's per-stage memory, FLOPs and step
-//! time out (the `megatron-plan` crate), without building a model. The GEMM rate is measured
-//! on the chosen backend with the threads one rank would get, at the shape of the model's MLP
-//! GEMM, unless `--gemm-gflops` is given.
+//! time out (the `megatron-plan` crate), without building a model. The rates the step time
+//! needs are measured now unless given: the GEMM rate on the chosen backend with the threads
+//! one rank would get, at the shape of the model's MLP GEMM (`--gemm-gflops`); the payload
+//! rate and per-call latency of an all-reduce among the largest group of the layout on the
+//! `local` communicator, ranks as threads as in `pretrain --nproc` (`--comm-gbps`,
+//! `--comm-latency-us`); and one thread's memory streaming rate (`--mem-gbps`).
 
 use crate::args::PretrainArgs;
 use crate::config::TrainConfig;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use megatron_core::Registry;
+use megatron_core::{DType, Group, ReduceOp};
+use megatron_plan::step_time::Rates;
 use megatron_plan::{report, PlanInput, Precision, Recompute};
 use serde_json::json;
+use std::time::Instant;
 
 #[derive(Args, Clone, Debug)]
 pub struct PlanArgs {
@@ -22,6 +28,16 @@ pub struct PlanArgs {
     /// GEMM rate of one rank in GFLOP/s (default: measured on --backend now).
     #[arg(long)]
     pub gemm_gflops: Option<f64>,
+    /// Communicator payload rate in GB/s of an all-reduce among the layout's largest group
+    /// (default: measured now on the `local` communicator, ranks as threads).
+    #[arg(long)]
+    pub comm_gbps: Option<f64>,
+    /// Fixed cost of one communicator call in microseconds (default: measured now).
+    #[arg(long)]
+    pub comm_latency_us: Option<f64>,
+    /// Memory streaming rate of one rank in GB/s, for the optimizer step (default: measured).
+    #[arg(long)]
+    pub mem_gbps: Option<f64>,
 }
 
 /// `"24G"`, `"512M"`, `"1073741824"` → bytes (binary units).
@@ -143,17 +159,101 @@ pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
         None => crate::train::memory::machine_memory().map_or(u128::MAX, |m| m.limit),
     };
     let world = input.tp * input.pp * input.dp;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / world).max(1);
     let rate = match args.gemm_gflops {
         Some(g) => g * 1e9,
         None => {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let backend = registry.backend(&a.backend, json!({ "threads": (cores / world).max(1) }))?;
+            let backend = registry.backend(&a.backend, json!({ "threads": threads }))?;
             // At the shape of the model's first MLP GEMM (tokens x F/tp x C), where most FLOPs go.
             let tokens = (input.micro_batch * input.seq).clamp(64, 4096);
             let ffn = (input.ffn / input.tp).max(64);
             crate::bench::gemm_gflops(backend.as_ref(), tokens, ffn, input.hidden, (false, true))? * 1e9
         }
     };
-    print!("{}", report::render(&input, Some(rate), budget));
+    // The largest group whose collectives the step waits on (2 at least: a one-rank layout
+    // communicates nothing, and the rate is then unused).
+    let group = input.tp.max(input.dp).max(input.pp).max(2);
+    let (comm_rate, latency) = match (args.comm_gbps, args.comm_latency_us) {
+        (Some(g), Some(l)) => (g * 1e9, l * 1e-6),
+        (g, l) => {
+            let (mg, ml) = measure_all_reduce(registry, &a.backend, group, threads)?;
+            (g.map_or(mg, |g| g * 1e9), l.map_or(ml, |l| l * 1e-6))
+        }
+    };
+    let mem = match args.mem_gbps {
+        Some(g) => g * 1e9,
+        None => measure_stream_bytes_per_s(),
+    };
+    let rates =
+        Rates { gemm_flops_per_s: rate, comm_bytes_per_s: comm_rate, comm_latency_s: latency, mem_bytes_per_s: mem };
+    print!("{}", report::render(&input, Some(rates), budget));
     Ok(())
+}
+
+/// Payload bytes/s and per-call seconds of an all-reduce (sum, fp32) among `ranks` thread ranks
+/// of the `local` communicator on `backend`: the best of a few 16 MiB calls (minus the
+/// latency) and the best of many 4-element calls.
+fn measure_all_reduce(registry: &Registry, backend: &str, ranks: usize, threads: usize) -> Result<(f64, f64)> {
+    const BIG: usize = 4 << 20;
+    let comms = registry.communicators("local", json!({ "timeout_secs": 60 }), ranks)?;
+    let group = Group::new("plan-bench", (0..ranks).collect());
+    let timings: Vec<Result<(f64, f64)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|comm| {
+                let group = &group;
+                s.spawn(move || -> Result<(f64, f64)> {
+                    let b = registry.backend(backend, json!({ "threads": threads }))?;
+                    let mut small = b.zeros(&[4], DType::F32)?;
+                    let mut big = b.zeros(&[BIG], DType::F32)?;
+                    let mut best_small = f64::MAX;
+                    for _ in 0..50 {
+                        let t = Instant::now();
+                        comm.all_reduce(group, &mut small, ReduceOp::Sum)?;
+                        best_small = best_small.min(t.elapsed().as_secs_f64());
+                    }
+                    let mut best_big = f64::MAX;
+                    for _ in 0..4 {
+                        comm.barrier(group)?;
+                        let t = Instant::now();
+                        comm.all_reduce(group, &mut big, ReduceOp::Sum)?;
+                        b.synchronize()?;
+                        best_big = best_big.min(t.elapsed().as_secs_f64());
+                    }
+                    Ok((best_small, best_big))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench rank panicked"))))
+            .collect()
+    });
+    let (mut small, mut big) = (0f64, 0f64);
+    for t in timings {
+        let (s, b) = t.context("measuring the communicator (megatron plan)")?;
+        // The slowest rank: a collective ends for the group when its last member is done.
+        small = small.max(s);
+        big = big.max(b);
+    }
+    Ok(((BIG * 4) as f64 / (big - small).max(1e-9), small))
+}
+
+/// One thread's memory streaming rate, bytes/s: `c = a + b` over 3 x 64 MiB (best of 3).
+fn measure_stream_bytes_per_s() -> f64 {
+    const N: usize = 16 << 20;
+    let a = vec![1.0f32; N];
+    let b = vec![2.0f32; N];
+    let mut c = vec![0.0f32; N];
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
+            *c = a + b;
+        }
+        std::hint::black_box(&mut c);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (3 * N * 4) as f64 / best
 }

@@ -8,7 +8,9 @@
 //! policy and precision, the backward workspace ([`activations`]) and the largest
 //! short-lived buffers of a step (gradient all-reduce, write-back, all-gather:
 //! [`transients`]) ([`plan`]); the FLOPs per
-//! iteration of SPEC §6.13 ([`flops_per_iteration`]); a step time from a measured GEMM rate;
+//! iteration of SPEC §6.13 ([`flops_per_iteration`]); a step time from a measured GEMM rate,
+//! the pipeline bubble and the communication volume per rank over a measured communicator
+//! rate ([`step_time`]);
 //! and, over a memory budget, what each of a smaller micro batch, more pipeline stages, the
 //! distributed optimizer and bf16 would bring ([`suggestions`]).
 //!
@@ -18,6 +20,7 @@
 
 pub mod activations;
 pub mod report;
+pub mod step_time;
 pub mod transients;
 
 pub use activations::activation_bytes_per_microbatch_layer;
@@ -307,8 +310,9 @@ pub fn flops_per_iteration(input: &PlanInput, samples: usize) -> f64 {
     samples as f64 * s * (mlp + attn + logits)
 }
 
-/// Predicted seconds per iteration: the iteration's FLOPs spread over `world` ranks at
-/// `gemm_flops_per_s` each (a GEMM-bound lower estimate; non-GEMM work is not counted).
+/// GEMM-bound seconds per iteration: the iteration's FLOPs spread evenly over `world` ranks
+/// at `gemm_flops_per_s` each, with no bubble and no communication (the compute term of
+/// [`step_time::predict`] when pp = 1).
 pub fn predicted_step_seconds(input: &PlanInput, gemm_flops_per_s: f64) -> f64 {
     let samples = input.micro_batch * input.num_microbatches * input.dp.max(1);
     let world = (input.tp * input.pp * input.dp.max(1)) as f64;

@@ -1,7 +1,8 @@
 //! The plan as text: one row per pipeline stage (bytes per rank), the process total, the
 //! FLOPs and predicted step time, and the suggestions when over budget.
 
-use crate::{flops_per_iteration, plan, predicted_step_seconds, suggestions, PlanInput};
+use crate::step_time::{predict, Rates};
+use crate::{flops_per_iteration, plan, suggestions, PlanInput};
 
 /// Bytes as MiB/GiB with two decimals.
 pub fn human(bytes: u128) -> String {
@@ -13,8 +14,8 @@ pub fn human(bytes: u128) -> String {
     }
 }
 
-/// The printed plan; `gemm_flops_per_s` gives the step-time line, `budget` the suggestions.
-pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) -> String {
+/// The printed plan; `rates` give the step-time lines, `budget` the suggestions.
+pub fn render(input: &PlanInput, rates: Option<Rates>, budget: u128) -> String {
     let p = plan(input);
     let mut s = format!(
         "plan: tp {} x pp {} x dp {} ({} ranks, virtual pp {}), micro batch {} x {} microbatches, seq {}, {:?}, recompute {:?}, {}optimizer ({} floats/param)\n",
@@ -75,11 +76,30 @@ pub fn render(input: &PlanInput, gemm_flops_per_s: Option<f64>, budget: u128) ->
     );
     let samples = input.micro_batch * input.num_microbatches * input.dp;
     s += &format!("FLOPs per iteration ({samples} samples): {:.6e}\n", flops_per_iteration(input, samples));
-    if let Some(rate) = gemm_flops_per_s {
+    if let Some(r) = rates {
+        let t = predict(input, &r);
         s += &format!(
-            "predicted step time: {:.3} s at {:.1} GFLOP/s per rank (GEMM-bound)\n",
-            predicted_step_seconds(input, rate),
-            rate / 1e9
+            "predicted step time: {:.3} s (compute {:.3} + bubble {:.3} + tp comm {:.3} + pp comm {:.3} + dp comm {:.3} + optimizer {:.3}) at {:.1} GFLOP/s per rank, communicator {:.2} GB/s + {:.0} us per call, memory {:.2} GB/s\n",
+            t.total_s(),
+            t.compute_s,
+            t.bubble_s,
+            t.tp_comm_s,
+            t.pp_comm_s,
+            t.dp_comm_s,
+            t.optimizer_s,
+            r.gemm_flops_per_s / 1e9,
+            r.comm_bytes_per_s / 1e9,
+            r.comm_latency_s * 1e6,
+            r.mem_bytes_per_s / 1e9,
+        );
+        s += &format!(
+            "communication per rank and iteration (slowest stage): tp {} in {} calls, pp {} in {} calls, dp {} in {} calls\n",
+            human(t.tp.bytes as u128),
+            t.tp.calls,
+            human(t.pp.bytes as u128),
+            t.pp.calls,
+            human(t.dp.bytes as u128),
+            t.dp.calls,
         );
     }
     let sug = suggestions(input, budget);

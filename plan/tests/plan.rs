@@ -1,6 +1,7 @@
 //! Planner checks against numbers known independently: GPT-2 124M's parameter count, the
 //! SPEC §6.13 golden FLOPs, and how each knob must move the plan.
 
+use megatron_plan::step_time::Rates;
 use megatron_plan::*;
 
 fn gpt2_small() -> PlanInput {
@@ -90,7 +91,8 @@ fn knobs_move_the_plan_the_right_way() {
     // Interleaving holds more chunks in flight, each a fraction of the stage.
     let inter = PlanInput { pp: 2, virtual_pp: 2, ..gpt2_small() };
     assert_eq!(in_flight(&inter, 0), (5, 0.5));
-    let text = report::render(&dp4, Some(1e10), total(&dp4) / 2);
+    let rates = Rates { gemm_flops_per_s: 1e10, comm_bytes_per_s: 1e9, comm_latency_s: 1e-5, mem_bytes_per_s: 4e9 };
+    let text = report::render(&dp4, Some(rates), total(&dp4) / 2);
     assert!(text.contains("DOES NOT FIT") && text.contains("--use-distributed-optimizer"), "{text}");
 }
 

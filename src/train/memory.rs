@@ -1,8 +1,11 @@
 //! The memory check of `megatron pretrain`: before anything big is allocated, estimate what
 //! the run needs (parameters, gradients, optimizer state, activations, for every rank of
 //! this process) and refuse, with the estimate and the machine's memory, when it cannot fit.
-//! `--skip-memory-check` overrides. The estimate is deliberately simple (the planner refines
-//! it); scripts/memory_estimate.sh compares it with measured peak RSS.
+//! `--skip-memory-check` overrides. The estimate is the planner's (`megatron plan`, the
+//! `megatron-plan` crate: the same numbers, docs/plan.md compares them with measured peak
+//! RSS) wherever the planner models the layout; for what it does not model (context or
+//! sequence parallelism, mixture-of-experts layers, partial full recomputation) a simpler
+//! count of parameters, gradients, optimizer state and activations is used instead.
 
 use crate::config::TrainConfig;
 use anyhow::{bail, Result};
@@ -14,10 +17,15 @@ pub struct MemoryEstimate {
     pub params: u128,
     pub param_bytes: u128,
     pub grad_bytes: u128,
+    /// Optimizer state, and the fp32 main parameters of half-precision runs.
     pub optimizer_bytes: u128,
+    /// Activations, with the planner: also the backward workspace and the largest
+    /// short-lived buffers of a step.
     pub activation_bytes: u128,
-    /// Runtime, thread stacks, data indices: a fixed allowance.
+    /// The process without a model (runtime, rank threads).
     pub overhead_bytes: u128,
+    /// Whether this came from the planner (else the simple count).
+    pub from_planner: bool,
 }
 
 impl MemoryEstimate {
@@ -65,10 +73,47 @@ pub fn machine_memory() -> Option<MachineMemory> {
     Some(MachineMemory { limit: best.0, source: best.1, available: meminfo_kib(&meminfo, "MemAvailable:") })
 }
 
-/// The estimate for the `gpt` model of `cfg` with `padded` vocabulary rows; `None` for other
-/// models (their shapes are unknown here).
-#[cfg(feature = "gpt")]
+/// The estimate for the `gpt` model of `cfg` with `padded` vocabulary rows: the planner's
+/// where it models the layout, else [`simple_estimate`]; `None` for other models (their
+/// shapes are unknown here).
 pub fn estimate(cfg: &TrainConfig, vocab_size: usize, padded: usize) -> Option<MemoryEstimate> {
+    planner_estimate(cfg, vocab_size).or_else(|| simple_estimate(cfg, vocab_size, padded))
+}
+
+/// The process total of `megatron plan` by category (every rank is a thread of this process).
+#[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+pub fn planner_estimate(cfg: &TrainConfig, vocab_size: usize) -> Option<MemoryEstimate> {
+    let a = &cfg.args;
+    // Layouts the planner does not model (it would under-count them).
+    if a.context_parallel_size > 1 || a.sequence_parallel {
+        return None;
+    }
+    let input = crate::plan_cli::plan_input(cfg, vocab_size).ok()?;
+    let p = megatron_plan::plan(&input);
+    let ranks = p.ranks_per_stage as u128;
+    let sum = |f: fn(&megatron_plan::StagePlan) -> u128| p.stages.iter().map(f).sum::<u128>() * ranks;
+    let whole = megatron_plan::PlanInput { tp: 1, pp: 1, ..input.clone() };
+    Some(MemoryEstimate {
+        params: whole.stage_params(0),
+        param_bytes: sum(|s| s.param_bytes),
+        grad_bytes: sum(|s| s.grad_bytes),
+        optimizer_bytes: sum(|s| s.main_param_bytes + s.optimizer_bytes),
+        activation_bytes: sum(|s| s.activation_bytes + s.workspace_bytes + s.transient_bytes),
+        overhead_bytes: p.overhead_bytes,
+        from_planner: true,
+    })
+}
+
+#[cfg(not(all(feature = "gpt", feature = "optim", feature = "checkpoint")))]
+pub fn planner_estimate(_cfg: &TrainConfig, _vocab_size: usize) -> Option<MemoryEstimate> {
+    None
+}
+
+/// The simple count for layouts the planner does not model: parameters, gradients and
+/// optimizer state of every replica, one microbatch of activations per rank (pp in flight on
+/// the first stage), a fixed runtime allowance.
+#[cfg(feature = "gpt")]
+pub fn simple_estimate(cfg: &TrainConfig, vocab_size: usize, padded: usize) -> Option<MemoryEstimate> {
     let a = &cfg.args;
     if a.model != "gpt" {
         return None;
@@ -111,11 +156,12 @@ pub fn estimate(cfg: &TrainConfig, vocab_size: usize, padded: usize) -> Option<M
         optimizer_bytes: 4 * optimizer_floats * replicas,
         activation_bytes: per_rank_act * world,
         overhead_bytes: (96 << 20) + world * (16 << 20),
+        from_planner: false,
     })
 }
 
 #[cfg(not(feature = "gpt"))]
-pub fn estimate(_cfg: &TrainConfig, _vocab_size: usize, _padded: usize) -> Option<MemoryEstimate> {
+pub fn simple_estimate(_cfg: &TrainConfig, _vocab_size: usize, _padded: usize) -> Option<MemoryEstimate> {
     None
 }
 
@@ -135,7 +181,7 @@ pub fn check(cfg: &TrainConfig, vocab_size: usize, padded: usize) -> Result<Opti
         bail!(
             "this run needs about {} of memory, more than the {} this process may use ({}{}):\n    \
              parameters {} ({} elements x data-parallel replicas), gradients {}, optimizer state {}, \
-             activations {} (--micro-batch-size {} x --seq-length {} through {} layers), runtime {}.\n  \
+             activations {} (--micro-batch-size {} x --seq-length {} through {} layers), runtime {}{}.\n  \
              Reduce --num-layers/--hidden-size/--seq-length/--micro-batch-size, or pass --skip-memory-check \
              to try anyway",
             gib(e.total()),
@@ -151,6 +197,11 @@ pub fn check(cfg: &TrainConfig, vocab_size: usize, padded: usize) -> Result<Opti
             cfg.args.seq_length,
             cfg.args.num_layers,
             gib(e.overhead_bytes),
+            if e.from_planner {
+                "; `megatron plan` with the same flags shows it per stage and suggests changes"
+            } else {
+                ""
+            },
         );
     }
     Ok(Some(e))
@@ -166,6 +217,43 @@ mod tests {
         assert_eq!(meminfo_kib(text, "MemTotal:"), Some(24684092 * 1024));
         assert_eq!(meminfo_kib(text, "MemAvailable:"), Some(23274080 * 1024));
         assert_eq!(meminfo_kib(text, "Swap:"), None);
+    }
+
+    #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+    fn config(flags: &str) -> TrainConfig {
+        use clap::Parser;
+        let argv = format!(
+            "megatron pretrain --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 \
+             --max-position-embeddings 32 --vocab-size 1000 --mock-data --train-iters 1 --lr 1e-4 {flags}"
+        );
+        let cli = crate::cli::Cli::try_parse_from(argv.split_whitespace()).unwrap();
+        let crate::cli::Command::Pretrain(a) = cli.command else { panic!("not pretrain") };
+        TrainConfig::from_args(&a, a.nproc).unwrap()
+    }
+
+    /// The check and `megatron plan` give the same total (one source of truth), by category;
+    /// layouts the planner does not model fall back to the simple count.
+    #[test]
+    #[cfg(all(feature = "gpt", feature = "optim", feature = "checkpoint"))]
+    fn the_check_uses_the_planner() {
+        for flags in [
+            "--micro-batch-size 2 --global-batch-size 4 --nproc 2",
+            "--micro-batch-size 2 --global-batch-size 4 --tensor-model-parallel-size 2 --nproc 2 --bf16",
+            "--micro-batch-size 1 --global-batch-size 4 --pipeline-model-parallel-size 2 --nproc 2",
+        ] {
+            let cfg = config(flags);
+            let padded = cfg.padded_vocab(1000);
+            let e = estimate(&cfg, 1000, padded).unwrap();
+            let plan = megatron_plan::plan(&crate::plan_cli::plan_input(&cfg, 1000).unwrap());
+            assert!(e.from_planner, "{flags}");
+            assert_eq!(e.total(), plan.process_bytes(), "{flags}");
+            // Parameters per replica: the whole model whatever the layout.
+            assert_eq!(e.params, estimate(&config("--micro-batch-size 1"), 1000, padded).unwrap().params, "{flags}");
+        }
+        let sp = config("--micro-batch-size 2 --tensor-model-parallel-size 2 --nproc 2 --sequence-parallel");
+        let e = estimate(&sp, 1000, sp.padded_vocab(1000)).unwrap();
+        assert!(!e.from_planner);
+        assert_eq!(e, simple_estimate(&sp, 1000, sp.padded_vocab(1000)).unwrap());
     }
 
     #[test]

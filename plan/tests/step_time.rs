@@ -1,0 +1,114 @@
+//! The multi-rank step-time model (plan/src/step_time.rs) against volumes worked out by hand
+//! for GPT-2 124M and against the properties the schedule must have. Its calls per iteration
+//! are checked against a real run's communicator in tests/plan_step_calls.rs.
+
+use megatron_plan::step_time::{dp_traffic, pp_traffic_per_microbatch, predict, tp_traffic_per_microbatch, Rates};
+use megatron_plan::*;
+
+fn gpt2(seq: usize, mb: usize, m: usize) -> PlanInput {
+    PlanInput {
+        num_layers: 12,
+        hidden: 768,
+        heads: 12,
+        query_groups: 12,
+        kv_channels: 64,
+        ffn: 3072,
+        swiglu: false,
+        padded_vocab: 50304,
+        max_position_embeddings: 1024,
+        learned_positions: true,
+        untied: false,
+        seq,
+        micro_batch: mb,
+        num_microbatches: m,
+        tp: 1,
+        pp: 1,
+        dp: 1,
+        virtual_pp: 1,
+        optimizer_floats: 2,
+        distributed_optimizer: false,
+        precision: Precision::Fp32,
+        recompute: Recompute::None,
+        bucket_elems: None,
+        fp32_residual: false,
+        rms_norm: false,
+    }
+}
+
+const RATES: Rates =
+    Rates { gemm_flops_per_s: 20e9, comm_bytes_per_s: 2e9, comm_latency_s: 20e-6, mem_bytes_per_s: 4e9 };
+
+fn rel(a: f64, b: f64) -> f64 {
+    (a - b).abs() / b.abs().max(1e-300)
+}
+
+#[test]
+fn one_rank_is_the_gemm_bound_time_plus_the_optimizer() {
+    let x = gpt2(256, 2, 1);
+    let t = predict(&x, &RATES);
+    assert!(rel(t.compute_s, predicted_step_seconds(&x, RATES.gemm_flops_per_s)) < 1e-12, "{t:?}");
+    assert_eq!((t.bubble_s, t.tp_comm_s, t.pp_comm_s, t.dp_comm_s), (0.0, 0.0, 0.0, 0.0));
+    // Adam touches 7 fp32 arrays of N = 124,475,904 elements (V padded to 50304).
+    assert!(rel(t.optimizer_s, 124_475_904.0 * 28.0 / 4e9) < 1e-12, "{t:?}");
+}
+
+#[test]
+fn tensor_parallel_volume_by_hand() {
+    // tp 2, B 2, T 256: (B, T, C) fp32 = 2 * 256 * 768 * 4 bytes; per layer 4 all-reduces,
+    // plus the embedding, the output layer's input gradient and 3 cross-entropy (B, T) fp32.
+    let x = PlanInput { tp: 2, ..gpt2(256, 2, 3) };
+    let btc = (2 * 256 * 768 * 4) as f64;
+    let t = tp_traffic_per_microbatch(&x, 0);
+    assert_eq!(t.calls, 48.0 + 1.0 + 4.0);
+    assert_eq!(t.bytes, 48.0 * btc + 2.0 * btc + 3.0 * 512.0 * 4.0);
+    let p = predict(&x, &RATES);
+    assert!(
+        rel(p.tp.bytes, 3.0 * t.bytes) < 1e-12 && rel(p.tp_comm_s, 3.0 * (t.calls * 20e-6 + t.bytes / 2e9)) < 1e-12
+    );
+    // Half the GEMM work per rank.
+    let one = predict(&gpt2(256, 2, 3), &RATES);
+    assert!(rel(p.compute_s * 2.0, one.compute_s) < 1e-9, "{p:?} {one:?}");
+    // Half precision halves the activation volume.
+    let half = PlanInput { precision: Precision::Half, ..x.clone() };
+    assert!(tp_traffic_per_microbatch(&half, 0).bytes < 0.51 * t.bytes);
+}
+
+#[test]
+fn pipeline_bubble_and_transfers() {
+    // pp 2, M 4: 1F1B runs M + pp - 1 = 5 slots of one stage's microbatch.
+    let x = PlanInput { pp: 2, ..gpt2(256, 2, 4) };
+    let p = predict(&x, &RATES);
+    let slot = (p.compute_s + p.pp_comm_s) / 4.0;
+    assert!(rel(p.bubble_s, slot) < 1e-12, "{p:?}");
+    // Each stage has one neighbour: activation out/in and its gradient, (B, T, C) fp32 each.
+    let btc = (2 * 256 * 768 * 4) as f64;
+    assert_eq!(pp_traffic_per_microbatch(&x, 0).bytes, 2.0 * btc);
+    assert_eq!(pp_traffic_per_microbatch(&PlanInput { pp: 4, ..x.clone() }, 1).bytes, 4.0 * btc);
+    // More microbatches: a smaller bubble fraction; interleaving (v = 2) halves the bubble.
+    let more = predict(&PlanInput { num_microbatches: 16, ..x.clone() }, &RATES);
+    assert!(more.bubble_s / more.compute_s < p.bubble_s / p.compute_s);
+    let inter = predict(&PlanInput { virtual_pp: 2, ..x.clone() }, &RATES);
+    assert!(rel(inter.bubble_s * 2.0, p.bubble_s) < 1e-12);
+    // Tied embeddings: the first and last stage all-reduce the V x C fp32 gradient.
+    assert_eq!(dp_traffic(&x, 0).bytes, (50304 * 768 * 4) as f64);
+    assert_eq!(dp_traffic(&PlanInput { untied: true, ..x }, 0).bytes, 0.0);
+}
+
+#[test]
+fn data_parallel_volume_by_hand() {
+    let n = 124_475_904.0;
+    let dp2 = PlanInput { dp: 2, ..gpt2(256, 2, 1) };
+    assert_eq!(dp_traffic(&dp2, 0).bytes, n * 4.0);
+    assert_eq!(dp_traffic(&dp2, 0).calls, 1.0);
+    // Distributed optimizer: reduce-scatter of fp32 grads + all-gather of the parameters;
+    // the optimizer step updates half the elements.
+    let dist = PlanInput { distributed_optimizer: true, ..dp2.clone() };
+    assert_eq!(dp_traffic(&dist, 0).bytes, n * 8.0);
+    let (a, b) = (predict(&dp2, &RATES), predict(&dist, &RATES));
+    assert!(rel(b.optimizer_s * 2.0, a.optimizer_s) < 1e-12);
+    // Each rank runs its own microbatch: the compute of the one-rank run of one microbatch.
+    assert!(rel(a.compute_s, predict(&gpt2(256, 2, 1), &RATES).compute_s) < 1e-12);
+    // Buckets: one call each.
+    let b4 = PlanInput { bucket_elems: Some(40_000_000), ..dp2 };
+    assert_eq!(dp_traffic(&b4, 0).calls, 4.0);
+}
