@@ -1,10 +1,10 @@
 //! Fast CPU kernels of the Mamba-2 ops (the CPU backend's Backend ops) against the naive
 //! references of `megatron_hybrid::ops` (scalar loops, also parallel over batch × heads):
 //! causal conv1d + SiLU, the SSD chunked scan and the gated RMSNorm, forward and backward,
-//! median ms of a few runs and the speed-up, measured in the same run. Two shapes: the tiny
+//! ms and the speed-up, measured in the same run. Two shapes: the tiny
 //! model of `scripts/hybrid_speed.sh` (hidden 128: H 8, P 32, N 32) and a 124M-like mixer
 //! (hidden 768, expand 2: H 24, P 64, N 128), both one sequence of 1024 tokens, chunk 128,
-//! conv width 4, one group. Run: `cargo bench -p megatron-hybrid --bench mamba_ops`
+//! conv width 4, one group; the best of 7 runs (3 with `quick`). Run: `cargo bench -p megatron-hybrid --bench mamba_ops`
 //! (`-- tiny` or `-- 124m` for one shape, `-- quick` for fewer repetitions).
 
 use megatron_core::{Backend, Conv1dSpec, DType, DeviceTensor, HostBuffer, SsdGradTensors, SsdTensors};
@@ -25,7 +25,8 @@ fn data(n: usize, seed: u32, lo: f32, hi: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Median seconds of `reps` runs after one warm-up.
+/// The fastest of `reps` runs after one warm-up, in seconds (on a shared machine the minimum is
+/// the run least disturbed by other processes).
 fn time(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     let mut t: Vec<f64> = (0..reps)
@@ -36,7 +37,7 @@ fn time(reps: usize, mut f: impl FnMut()) -> f64 {
         })
         .collect();
     t.sort_by(f64::total_cmp);
-    t[t.len() / 2]
+    t[0]
 }
 
 fn report(name: &str, fast: f64, naive: f64) {
