@@ -9,9 +9,12 @@
 #   REUSE=1 with PARTS=gen re-reads the generate logs already in $OUT instead of running them.
 # Usage: M=target/release/megatron flock /work/heavy.lock bash scripts/hybrid_speed.sh
 #   (OUT=/tmp/hybrid_speed, ITERS=4, SEQS="1024 4096", PROMPTS="256 1024 4096", NEW=128,
-#    PARTS="train gen": which of the two to run)
-# Sizes (hidden 128, vocab 1024): gpt 6 layers (1.19M non-embedding parameters), mamba 10 x M
-# (H 8, P 32, N 32, G 1; 1.09M).
+#    PARTS="train gen": which of the two to run; sizes: HIDDEN=128, HEADS=4, VOCAB=1024,
+#    GPT_LAYERS=6, MAMBA_LAYERS=10, MAMBA_STATE=32, MAMBA_HEAD_DIM=32, MBS=1; EXTRA="..." is
+#    added to every pretrain command, e.g. EXTRA="--threads 2")
+# Default sizes (hidden 128, vocab 1024): gpt 6 layers (1.19M non-embedding parameters), mamba
+# 10 x M (H 8, P 32, N 32, G 1; 1.09M). Each line reports both models' numbers from the same run
+# and their ratio; the load average is printed first (the numbers mean little on a busy machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${M:-target/release/megatron}
@@ -21,25 +24,39 @@ SEQS=${SEQS:-"1024 4096"}
 PROMPTS=${PROMPTS:-"256 1024 4096"}
 NEW=${NEW:-128}
 PARTS=${PARTS:-"train gen"}
+HIDDEN=${HIDDEN:-128}
+HEADS=${HEADS:-4}
+VOCAB=${VOCAB:-1024}
+GPT_LAYERS=${GPT_LAYERS:-6}
+MAMBA_LAYERS=${MAMBA_LAYERS:-10}
+MAMBA_STATE=${MAMBA_STATE:-32}
+MAMBA_HEAD_DIM=${MAMBA_HEAD_DIM:-32}
+MBS=${MBS:-1}
+read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 mkdir -p "$OUT"
-COMMON=(--hidden-size 128 --num-attention-heads 4 --micro-batch-size 1 --global-batch-size 1 --lr 1e-3
-  --hidden-dropout 0 --attention-dropout 0 --normalization RMSNorm --mock-data --vocab-size 1024 --seed 1
-  --log-interval 1 --eval-iters 0 --eval-interval 100000)
-GPT=(--num-layers 6)
-MAMBA=(--model mamba --num-layers 10 --mamba-state-dim 32 --mamba-head-dim 32 --mamba-num-groups 1)
+echo "== $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $M"
+COMMON=(--hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --micro-batch-size "$MBS" --global-batch-size "$MBS"
+  --lr 1e-3 --hidden-dropout 0 --attention-dropout 0 --normalization RMSNorm --mock-data --vocab-size "$VOCAB"
+  --seed 1 --log-interval 1 --eval-iters 0 --eval-interval 100000 "${EXTRA_ARGS[@]}")
+GPT=(--num-layers "$GPT_LAYERS")
+MAMBA=(--model mamba --num-layers "$MAMBA_LAYERS" --mamba-state-dim "$MAMBA_STATE" --mamba-head-dim "$MAMBA_HEAD_DIM"
+  --mamba-num-groups 1)
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 if [[ $PARTS == *train* ]]; then
-echo "== training tokens/s (micro batch 1, median of iterations 2..$ITERS)"
+echo "== training tokens/s (micro batch $MBS, median of iterations 2..$ITERS)"
 for seq in $SEQS; do
+  declare -A tps=()
   for m in gpt mamba; do
     if [ $m = gpt ]; then A=("${GPT[@]}"); else A=("${MAMBA[@]}"); fi
     log="$OUT/train_${m}_$seq.log"
     $M pretrain "${COMMON[@]}" "${A[@]}" --seq-length "$seq" --max-position-embeddings "$seq" \
       --train-iters "$ITERS" > "$log" 2>&1
     ms=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$log" | awk '{print $6}' | tail -n +2 | median)
-    echo "$m seq $seq: $ms ms/iteration, $(awk -v s="$seq" -v ms="$ms" 'BEGIN {printf "%.0f", s * 1000 / ms}') tokens/s"
+    tps[$m]=$(awk -v s="$seq" -v b="$MBS" -v ms="$ms" 'BEGIN {printf "%.0f", s * b * 1000 / ms}')
+    echo "$m seq $seq: $ms ms/iteration, ${tps[$m]} tokens/s"
   done
+  echo "seq $seq: mamba / gpt tokens/s = $(awk -v a="${tps[mamba]}" -v b="${tps[gpt]}" 'BEGIN {printf "%.2f", a / b}')"
 done
 
 fi

@@ -68,3 +68,20 @@ fn ratios_allocate_the_pattern_and_must_agree_with_an_explicit_one() {
     let e = pretrain(&tiny_with(&format!("{auto} --hybrid-layer-pattern MMM*"))).err().unwrap();
     assert!(format!("{e:#}").contains("attention/MLP counts"), "{e:#}");
 }
+
+/// `E` layers of the pattern take the MoE plugin's module (`--features moe` links it, or
+/// `--plugin libmegatron_moe.so`) when `--num-experts` is set; without it, an error naming the plugin.
+#[test]
+fn e_layers_need_the_moe_plugin() {
+    let base = "--hidden-dropout 0 --attention-dropout 0 --model hybrid --num-layers 3 --hybrid-layer-pattern M*E \
+        --normalization RMSNorm --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2 --mamba-chunk-size 5";
+    let e = pretrain(&tiny_with(&format!("{base} --train-iters 1"))).err().unwrap();
+    assert!(format!("{e:#}").contains("--plugin libmegatron_moe.so"), "{e:#}");
+    #[cfg(feature = "moe")]
+    {
+        let run =
+            pretrain(&tiny_with(&format!("{base} --train-iters 12 --num-experts 4 --moe-router-topk 2"))).unwrap();
+        let (first, last) = (run.losses[0].1, run.losses[11].1);
+        assert!(last.is_finite() && last < first - 0.1, "loss {first} -> {last}");
+    }
+}

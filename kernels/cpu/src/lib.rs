@@ -27,6 +27,7 @@ mod grouped_gemm;
 mod kv_attention;
 mod kv_slots;
 mod loss;
+mod mamba;
 mod memory;
 mod norm;
 mod optim;

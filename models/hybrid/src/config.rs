@@ -12,10 +12,13 @@ pub enum LayerKind {
     Mamba,
     Attention,
     Mlp,
+    /// `E`: an MoE layer (pre-MLP norm + the MLP slot filled by the `mlp` plugin, `moe`).
+    Moe,
 }
 
-/// Parses `--hybrid-layer-pattern` (`M`, `*`, `-`; `|` pipeline-stage boundaries are skipped
-/// here, see [`stage_segments`]); `E` (MoE) and `/` (MTP) are refused with what to use instead.
+/// Parses `--hybrid-layer-pattern` (`M`, `*`, `-`, `E`; `|` pipeline-stage boundaries are
+/// skipped here, see [`stage_segments`]); `/` (MTP) is refused with what to use instead. `E`
+/// layers need the MoE plugin (checked when the model is built).
 pub fn parse_pattern(pattern: &str) -> Result<Vec<LayerKind>> {
     pattern
         .chars()
@@ -25,11 +28,14 @@ pub fn parse_pattern(pattern: &str) -> Result<Vec<LayerKind>> {
             'M' => Ok(LayerKind::Mamba),
             '*' => Ok(LayerKind::Attention),
             '-' => Ok(LayerKind::Mlp),
-            'E' | '/' => bail!(
-                "--hybrid-layer-pattern `{pattern}`: symbol `{c}` at {i} (MoE layers, MTP) is not implemented by the \
-                 hybrid model yet; use only `M` (Mamba-2), `*` (attention), `-` (MLP) and `|` (stage boundaries)"
+            'E' => Ok(LayerKind::Moe),
+            '/' => bail!(
+                "--hybrid-layer-pattern `{pattern}`: symbol `{c}` at {i} (MTP) is not implemented by the hybrid model \
+                 yet; use only `M` (Mamba-2), `*` (attention), `-` (MLP), `E` (MoE) and `|` (stage boundaries)"
             ),
-            _ => bail!("--hybrid-layer-pattern `{pattern}`: unknown symbol `{c}` at {i}; use `M`, `*`, `-` or `|`"),
+            _ => {
+                bail!("--hybrid-layer-pattern `{pattern}`: unknown symbol `{c}` at {i}; use `M`, `*`, `-`, `E` or `|`")
+            }
         })
         .collect()
 }
@@ -299,7 +305,8 @@ impl HybridConfig {
                     6.0 * c * (2.0 * di + 2.0 * g * n + h) + 6.0 * di * c + 3.0 * h * (q * (n + p) + 2.0 * n * p) * 2.0
                 }
                 LayerKind::Attention => 6.0 * 4.0 * c * c + 6.0 * s * c,
-                LayerKind::Mlp => 6.0 * 2.0 * c * self.ffn_hidden_size() as f64,
+                // MoE: counted as one dense MLP (the top-k and expert sizes are the plugin's config)
+                LayerKind::Mlp | LayerKind::Moe => 6.0 * 2.0 * c * self.ffn_hidden_size() as f64,
             };
         }
         samples as f64 * s * per_token

@@ -102,6 +102,7 @@ impl HybridLayer {
                 a.forward_cached(&normed, y, kv, offset, None, &step)?
             }
             (Branch::Mlp(m), LayerCache::None) => m.forward(&normed, y, &step)?,
+            (Branch::Moe(m), LayerCache::None) => m.forward(&normed, y, &step)?,
             _ => bail!("layer {}: cache of the wrong kind", self.layer_number),
         }
         be.axpy(y, 1.0, x)
@@ -125,7 +126,7 @@ impl HybridModel {
                         }
                     }
                     Branch::Attention(a) => LayerCache::Attention(a.new_kv_cache(batch, capacity)?),
-                    Branch::Mlp(_) => LayerCache::None,
+                    Branch::Mlp(_) | Branch::Moe(_) => LayerCache::None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;

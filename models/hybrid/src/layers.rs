@@ -4,17 +4,18 @@
 //!
 //! Parameter names follow Megatron-Core's hybrid model: `{p}.norm.weight` + `{p}.mixer.*`,
 //! `{p}.input_layernorm.weight` + `{p}.self_attention.*`, `{p}.pre_mlp_layernorm.weight` +
-//! `{p}.mlp.*`.
+//! `{p}.mlp.*`; an MoE layer (`E`) is `{p}.pre_mlp_layernorm.weight` + the MoE plugin's
+//! `{p}.mlp.*` (router, experts), the module the `mlp` plugin registers (as the GPT model gets it).
 
 use crate::config::{HybridConfig, LayerKind};
 use crate::mixer::{MambaMixer, MixerDims, Saved};
 use anyhow::{Context, Result};
-use megatron_core::{Backend, DType, DeviceTensor, Param};
+use megatron_core::{Backend, DType, DeviceTensor, MlpProvider, Param};
 use megatron_transformer::layer::hidden_dropout;
 use megatron_transformer::step::{empty, ensure_buffer, SavedActivations};
 use megatron_transformer::{
-    gpt_layer_local_spec, LocalSpecProvider, Mlp, ModuleBuilder, ModuleScratch, NormLayer, SelfAttention, SpecProvider,
-    StepInfo,
+    gpt_layer_local_spec, LocalSpecProvider, Mlp, MlpSlot, ModuleBuilder, ModuleScratch, NormLayer, SelfAttention,
+    SpecProvider, StepInfo, WithMlpProvider,
 };
 use megatron_transformer::{DropoutSite, TransformerConfig};
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub enum Branch {
     Mamba(Box<MambaMixer>),
     Attention(Box<SelfAttention>),
     Mlp(Mlp),
+    /// `E`: always the plugin's module ([`MlpSlot::Plugin`]).
+    Moe(MlpSlot),
 }
 
 /// What one layer's training forward left in its modules for backward, moved out of them
@@ -50,6 +53,7 @@ impl HybridLayer {
         tcfg: &TransformerConfig,
         kind: LayerKind,
         i: usize,
+        mlp: Option<&MlpProvider>,
     ) -> Result<Self> {
         let p = format!("decoder.layers.{i}");
         let provider = LocalSpecProvider;
@@ -58,7 +62,7 @@ impl HybridLayer {
         let norm_name = match kind {
             LayerKind::Mamba => "norm",
             LayerKind::Attention => "input_layernorm",
-            LayerKind::Mlp => "pre_mlp_layernorm",
+            LayerKind::Mlp | LayerKind::Moe => "pre_mlp_layernorm",
         };
         let norm = provider.norm(b, &format!("{p}.{norm_name}"), cfg.normalization, h, eps)?;
         let branch = match kind {
@@ -80,6 +84,24 @@ impl HybridLayer {
                 Branch::Attention(Box::new(SelfAttention::new(b, &provider, &name, tcfg, spec.self_attention, i)?))
             }
             LayerKind::Mlp => Branch::Mlp(Mlp::new(b, &provider, &format!("{p}.mlp"), tcfg, spec.mlp)?),
+            LayerKind::Moe => {
+                let Some(mlp) = mlp else {
+                    anyhow::bail!(
+                        "--hybrid-layer-pattern `{}`: layer {i} is an `E` (MoE) layer, which needs the MoE plugin: \
+                         build with --features moe or load it with --plugin libmegatron_moe.so, and set --num-experts",
+                        cfg.hybrid_layer_pattern
+                    );
+                };
+                let with = WithMlpProvider { inner: &provider, mlp };
+                let Some(m) = with.mlp_module(b, &format!("{p}.mlp"), tcfg, spec.mlp, i)? else {
+                    anyhow::bail!(
+                        "--hybrid-layer-pattern: the `{}` plugin left `E` layer {i} dense (--moe-layer-freq); every `E` \
+                         layer must be an MoE layer: use --moe-layer-freq 1 (the pattern already says where they are)",
+                        mlp.name
+                    );
+                };
+                Branch::Moe(MlpSlot::Plugin(m))
+            }
         };
         let backend = b.backend.clone();
         Ok(HybridLayer {
@@ -111,6 +133,7 @@ impl HybridLayer {
             Branch::Mamba(m) => m.forward(&self.normed, y, step.batch, step.seq)?,
             Branch::Attention(a) => a.forward(&self.normed, y, step)?,
             Branch::Mlp(m) => m.forward(&self.normed, y, step)?,
+            Branch::Moe(m) => m.forward(&self.normed, y, step)?,
         }
         hidden_dropout(be, y, self.hidden_dropout, self.layer_number, self.site(), step)?;
         be.axpy(y, 1.0, x)
@@ -137,6 +160,7 @@ impl HybridLayer {
             Branch::Mamba(m) => m.backward(&self.normed, d_branch, d_norm),
             Branch::Attention(a) => a.backward(&self.normed, d_branch, d_norm, scratch, step),
             Branch::Mlp(m) => m.backward(&self.normed, d_branch, d_norm, scratch),
+            Branch::Moe(m) => m.backward(&self.normed, d_branch, d_norm, scratch),
         }
         .with_context(ctx)?;
         self.norm.backward(d_norm, x, d_branch).with_context(ctx)?;
@@ -151,6 +175,7 @@ impl HybridLayer {
             Branch::Mamba(_) => {}
             Branch::Attention(a) => v.extend(a.saved_activations_mut()),
             Branch::Mlp(m) => v.extend(m.saved_activations_mut()),
+            Branch::Moe(m) => v.extend(m.saved_activations_mut()),
         }
         v
     }
@@ -184,6 +209,7 @@ impl HybridLayer {
             Branch::Mamba(m) => v.extend(m.params()),
             Branch::Attention(a) => v.extend(a.params()),
             Branch::Mlp(m) => v.extend(m.params()),
+            Branch::Moe(m) => v.extend(m.params()),
         }
         v
     }
@@ -194,6 +220,7 @@ impl HybridLayer {
             Branch::Mamba(m) => v.extend(m.params_mut()),
             Branch::Attention(a) => v.extend(a.params_mut()),
             Branch::Mlp(m) => v.extend(m.params_mut()),
+            Branch::Moe(m) => v.extend(m.params_mut()),
         }
         v
     }

@@ -24,7 +24,8 @@ use megatron_core::{Factory, Model, Plugin, Result};
 
 fn build_hybrid(de: ConfigDe, env: &ModelEnv) -> Result<Box<dyn Model>> {
     let config: HybridConfig = parse_config(de, "hybrid")?;
-    Ok(Box::new(HybridModel::new(config, "hybrid", env.backend.clone(), env.ctx.clone())?))
+    // `E` layers take their module from the `mlp` plugin (MoE), as the GPT model's MLP slots do.
+    Ok(Box::new(HybridModel::with_mlp(config, "hybrid", env.backend.clone(), env.ctx.clone(), env.mlp.as_ref())?))
 }
 
 fn build_mamba(de: ConfigDe, env: &ModelEnv) -> Result<Box<dyn Model>> {

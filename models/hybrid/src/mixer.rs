@@ -19,13 +19,13 @@
 //! `dt_bias` = inverse softplus of Δ = exp(U(log 1e-3, log 0.1)) floored at 1e-4,
 //! `A_log = log U(1, 16)`, `D = 1`, norm weight 1.
 
-use crate::ops::conv::{conv_silu_backward, conv_silu_forward, ConvDims};
+use crate::ops::conv::ConvDims;
 use crate::ops::dt::{a_from_log, a_log_backward, inverse_softplus, softplus_dt_backward, softplus_dt_forward};
-use crate::ops::gated_norm::{gated_rmsnorm_backward, gated_rmsnorm_forward};
-use crate::ops::ssd::{ssd_backward, ssd_forward, SsdInputs};
 use crate::ops::SsdDims;
 use anyhow::{bail, Result};
-use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param, ParamLayout};
+use megatron_core::{
+    Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param, ParamLayout, SsdGradTensors, SsdTensors,
+};
 use megatron_transformer::init::{init_global, param_seed};
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, reduce_from_tp_region_forward};
 use megatron_transformer::{linear_backward, linear_forward, Init, ModuleBuilder, Split};
@@ -60,19 +60,28 @@ impl MixerDims {
     }
 }
 
-/// What the forward keeps for backward (host f32; `N = B·T`).
+/// What the forward keeps for backward (`N = B·T`).
 #[derive(Default)]
 pub(crate) struct Saved {
     batch: usize,
     seq: usize,
-    zxbcdt: Vec<f32>,             // (N, 2Di + 2GN + H)
-    xbc_pre: Vec<f32>,            // (N, Di + 2GN): conv output before SiLU
-    xbc: Vec<f32>,                // (N, Di + 2GN): after SiLU
-    delta: Vec<f32>,              // (N, H)
-    y: Vec<f32>,                  // (N, Di): scan output
-    rstd: Vec<f32>,               // (N, G)
-    states: Vec<f32>,             // (B, H, chunks, N_state, P)
-    y_norm: Option<DeviceTensor>, // (N, Di): out_proj input
+    zxbcdt: Vec<f32>, // (N, 2Di + 2GN + H)
+    tensors: Option<SavedTensors>,
+}
+
+/// The saved backend tensors.
+pub(crate) struct SavedTensors {
+    xbc_in: DeviceTensor,  // (N, Di + 2GN): conv input
+    xbc_pre: DeviceTensor, // (N, Di + 2GN): conv output before SiLU
+    x: DeviceTensor,       // (N, H, P): scan input x (after the conv)
+    bm: DeviceTensor,      // (N, G, N_state)
+    cm: DeviceTensor,      // (N, G, N_state)
+    delta: DeviceTensor,   // (N, H)
+    z: DeviceTensor,       // (N, Di): gate
+    y: DeviceTensor,       // (N, Di): scan output
+    rstd: DeviceTensor,    // (N, G)
+    states: DeviceTensor,  // (B, H, chunks, N_state, P)
+    y_norm: DeviceTensor,  // (N, Di): out_proj input
 }
 
 pub struct MambaMixer {
@@ -244,34 +253,48 @@ impl MambaMixer {
     }
 
     /// `out (B·T, C)` from `u (B·T, C)` (the normed layer input); keeps what backward needs.
+    /// The conv, the scan and the gated norm are Backend ops (fast CPU kernels; the naive
+    /// references in [`crate::ops`] are their oracles).
     pub fn forward(&mut self, u: &DeviceTensor, out: &mut DeviceTensor, batch: usize, seq: usize) -> Result<()> {
         let be = self.backend.clone();
         let be = be.as_ref();
         let d = self.dims;
         let (rows, di, ch, h, gn) = (batch * seq, d.d_inner(), d.conv_channels(), d.heads, d.groups * d.state);
         let width = d.in_proj_width();
+        let t = |v: Vec<f32>, shape: &[usize]| be.from_host(HostBuffer::F32(v), shape);
         let mut zx = be.zeros(&[rows, width], DType::F32)?;
         linear_forward(be, u, &self.in_proj.value, None, &mut zx)?;
         let zxbcdt = read(be, &zx)?; // (N, 2Di + 2GN + H)
         let conv_dims = ConvDims { batch, seq, channels: ch, width: d.conv };
-        let (xbc, xbc_pre) = conv_silu_forward(
-            &conv_dims,
-            &cols(&zxbcdt, width, di, ch),
-            &read(be, &self.conv_weight.value)?,
-            &read(be, &self.conv_bias.value)?,
+        let xbc_in = t(cols(&zxbcdt, width, di, ch), &[rows, ch])?;
+        let (mut xbc_t, mut xbc_pre) = (be.zeros(&[rows, ch], DType::F32)?, be.zeros(&[rows, ch], DType::F32)?);
+        be.causal_conv1d_silu_forward(
+            &xbc_in,
+            &self.conv_weight.value,
+            &self.conv_bias.value,
+            &mut xbc_t,
+            &mut xbc_pre,
+            conv_dims,
         )?;
+        let xbc = read(be, &xbc_t)?;
         let delta = softplus_dt_forward(&cols(&zxbcdt, width, di + ch, h), &read(be, &self.dt_bias.value)?); // (N, H)
-        let a = a_from_log(&read(be, &self.a_log.value)?);
-        let (x, bm, cm) = (cols(&xbc, ch, 0, di), cols(&xbc, ch, di, gn), cols(&xbc, ch, di + gn, gn));
-        let dvec = read(be, &self.d.value)?;
-        let inputs = SsdInputs { x: &x, dt: &delta, a: &a, bm: &bm, cm: &cm, d: &dvec };
-        let (y, states) = ssd_forward(&self.ssd_dims(batch, seq), &inputs)?; // (N, Di)
-        let z = cols(&zxbcdt, width, 0, di);
-        let (yn, rstd) = gated_rmsnorm_forward(&y, &z, &read(be, &self.norm.value)?, d.groups, self.eps)?;
-        let yn = be.from_host(HostBuffer::F32(yn), &[rows, di])?;
+        let a = t(a_from_log(&read(be, &self.a_log.value)?), &[h])?;
+        let x = t(cols(&xbc, ch, 0, di), &[rows, di])?;
+        let bm = t(cols(&xbc, ch, di, gn), &[rows, gn])?;
+        let cm = t(cols(&xbc, ch, di + gn, gn), &[rows, gn])?;
+        let delta = t(delta, &[rows, h])?;
+        let spec = self.ssd_dims(batch, seq);
+        let inputs = SsdTensors { x: &x, dt: &delta, a: &a, b: &bm, c: &cm, d: &self.d.value };
+        let mut y = be.zeros(&[rows, di], DType::F32)?;
+        let mut states = be.zeros(&[spec.states_len()], DType::F32)?;
+        be.ssd_scan_forward(inputs, &mut y, &mut states, spec)?;
+        let z = t(cols(&zxbcdt, width, 0, di), &[rows, di])?;
+        let (mut yn, mut rstd) = (be.zeros(&[rows, di], DType::F32)?, be.zeros(&[rows, d.groups], DType::F32)?);
+        be.gated_rmsnorm_forward(&y, &z, &self.norm.value, d.groups, self.eps, &mut yn, &mut rstd)?;
         linear_forward(be, &yn, &self.out_proj.value, None, out)?;
         reduce_from_tp_region_forward(&self.ctx, out)?; // row-parallel out_proj: sum the partial outputs
-        self.saved = Saved { batch, seq, zxbcdt, xbc_pre, xbc, delta, y, rstd, states, y_norm: Some(yn) };
+        let tensors = SavedTensors { xbc_in, xbc_pre, x, bm, cm, delta, z, y, rstd, states, y_norm: yn };
+        self.saved = Saved { batch, seq, zxbcdt, tensors: Some(tensors) };
         Ok(())
     }
 
@@ -280,45 +303,65 @@ impl MambaMixer {
         let be = self.backend.clone();
         let be = be.as_ref();
         let s = std::mem::take(&mut self.saved);
-        let Some(yn) = s.y_norm.as_ref() else { bail!("Mamba mixer backward without a forward") };
+        let Some(st) = s.tensors.as_ref() else { bail!("Mamba mixer backward without a forward") };
         let d = self.dims;
         let (rows, di, ch, h, gn) = (s.batch * s.seq, d.d_inner(), d.conv_channels(), d.heads, d.groups * d.state);
         let width = d.in_proj_width();
+        let zeros = |shape: &[usize]| be.zeros(shape, DType::F32);
         // out_proj: d_yn (N, Di).
-        let mut d_yn = be.zeros(&[rows, di], DType::F32)?;
-        linear_backward(be, yn, &self.out_proj.value, d_out, Some(&mut d_yn), &mut self.out_proj.grad, None)?;
+        let mut d_yn = zeros(&[rows, di])?;
+        linear_backward(be, &st.y_norm, &self.out_proj.value, d_out, Some(&mut d_yn), &mut self.out_proj.grad, None)?;
         // Gated norm: dy (N, Di), dz (N, Di).
-        let z = cols(&s.zxbcdt, width, 0, di);
-        let (dy, dz, dnorm) =
-            gated_rmsnorm_backward(&s.y, &z, &read(be, &self.norm.value)?, d.groups, &s.rstd, &read(be, &d_yn)?)?;
-        accumulate(be, &mut self.norm, dnorm)?;
+        let (mut dy, mut dz) = (zeros(&[rows, di])?, zeros(&[rows, di])?);
+        be.gated_rmsnorm_backward(
+            &st.y,
+            &st.z,
+            &self.norm.value,
+            d.groups,
+            &st.rstd,
+            &d_yn,
+            &mut dy,
+            &mut dz,
+            &mut self.norm.grad,
+        )?;
         // Scan.
         let a_log = read(be, &self.a_log.value)?;
-        let a = a_from_log(&a_log);
-        let (x, bm, cm) = (cols(&s.xbc, ch, 0, di), cols(&s.xbc, ch, di, gn), cols(&s.xbc, ch, di + gn, gn));
-        let dvec = read(be, &self.d.value)?;
-        let inputs = SsdInputs { x: &x, dt: &s.delta, a: &a, bm: &bm, cm: &cm, d: &dvec };
-        let g = ssd_backward(&self.ssd_dims(s.batch, s.seq), &inputs, &s.states, &dy)?;
-        accumulate(be, &mut self.a_log, a_log_backward(&a_log, &g.a))?;
-        accumulate(be, &mut self.d, g.d)?;
-        let (d_dt, d_dt_bias) =
-            softplus_dt_backward(&cols(&s.zxbcdt, width, di + ch, h), &read(be, &self.dt_bias.value)?, &g.dt);
+        let a = be.from_host(HostBuffer::F32(a_from_log(&a_log)), &[h])?;
+        let inputs = SsdTensors { x: &st.x, dt: &st.delta, a: &a, b: &st.bm, c: &st.cm, d: &self.d.value };
+        let (mut gx, mut gdt, mut ga) = (zeros(&[rows, di])?, zeros(&[rows, h])?, zeros(&[h])?);
+        let (mut gb, mut gc, mut gd) = (zeros(&[rows, gn])?, zeros(&[rows, gn])?, zeros(&[h])?);
+        let grads = SsdGradTensors { x: &mut gx, dt: &mut gdt, a: &mut ga, b: &mut gb, c: &mut gc, d: &mut gd };
+        be.ssd_scan_backward(inputs, &st.states, &dy, grads, self.ssd_dims(s.batch, s.seq))?;
+        accumulate(be, &mut self.a_log, a_log_backward(&a_log, &read(be, &ga)?))?;
+        be.axpy(&mut self.d.grad, 1.0, &gd)?;
+        let (d_dt, d_dt_bias) = softplus_dt_backward(
+            &cols(&s.zxbcdt, width, di + ch, h),
+            &read(be, &self.dt_bias.value)?,
+            &read(be, &gdt)?,
+        );
         accumulate(be, &mut self.dt_bias, d_dt_bias)?;
         // Conv: d xBC after SiLU = [dx | dB | dC].
         let mut d_xbc = vec![0.0f32; rows * ch];
-        put_cols(&mut d_xbc, ch, 0, &g.x, di);
-        put_cols(&mut d_xbc, ch, di, &g.bm, gn);
-        put_cols(&mut d_xbc, ch, di + gn, &g.cm, gn);
+        put_cols(&mut d_xbc, ch, 0, &read(be, &gx)?, di);
+        put_cols(&mut d_xbc, ch, di, &read(be, &gb)?, gn);
+        put_cols(&mut d_xbc, ch, di + gn, &read(be, &gc)?, gn);
+        let d_xbc = be.from_host(HostBuffer::F32(d_xbc), &[rows, ch])?;
         let conv_dims = ConvDims { batch: s.batch, seq: s.seq, channels: ch, width: d.conv };
-        let xbc_in = cols(&s.zxbcdt, width, di, ch);
-        let (d_xbc_in, dw, db) =
-            conv_silu_backward(&conv_dims, &xbc_in, &read(be, &self.conv_weight.value)?, &s.xbc_pre, &d_xbc)?;
-        accumulate(be, &mut self.conv_weight, dw)?;
-        accumulate(be, &mut self.conv_bias, db)?;
+        let mut d_xbc_in = zeros(&[rows, ch])?;
+        be.causal_conv1d_silu_backward(
+            &st.xbc_in,
+            &self.conv_weight.value,
+            &st.xbc_pre,
+            &d_xbc,
+            &mut d_xbc_in,
+            &mut self.conv_weight.grad,
+            &mut self.conv_bias.grad,
+            conv_dims,
+        )?;
         // in_proj: d zxbcdt (N, width).
         let mut dzx = vec![0.0f32; rows * width];
-        put_cols(&mut dzx, width, 0, &dz, di);
-        put_cols(&mut dzx, width, di, &d_xbc_in, ch);
+        put_cols(&mut dzx, width, 0, &read(be, &dz)?, di);
+        put_cols(&mut dzx, width, di, &read(be, &d_xbc_in)?, ch);
         put_cols(&mut dzx, width, di + ch, &d_dt, h);
         let dzx = be.from_host(HostBuffer::F32(dzx), &[rows, width])?;
         linear_backward(be, u, &self.in_proj.value, &dzx, Some(d_u), &mut self.in_proj.grad, None)?;

@@ -15,7 +15,7 @@
 //! set per training microbatch in flight ([`crate::stage`]).
 
 use crate::config::{stage_segments, HybridConfig};
-use crate::layers::HybridLayer;
+use crate::layers::{Branch, HybridLayer};
 use crate::stage::Saved;
 use anyhow::{bail, Result};
 use megatron_core::{Backend, Batch, DType, DeviceTensor, HostBuffer, LossReport, Mode, Model, ParallelContext, Param};
@@ -76,12 +76,25 @@ fn padding_mask(
 }
 
 impl HybridModel {
-    /// `name` is the registered name (`hybrid` or `mamba`).
+    /// `name` is the registered name (`hybrid` or `mamba`). A pattern with `E` (MoE) layers
+    /// needs [`Self::with_mlp`].
     pub fn new(
         config: HybridConfig,
         name: &'static str,
         backend: Arc<dyn Backend>,
         ctx: ParallelContext,
+    ) -> Result<Self> {
+        Self::with_mlp(config, name, backend, ctx, None)
+    }
+
+    /// [`Self::new`] with the `mlp` plugin (MoE) that fills the `E` layers (as the GPT model
+    /// gets it: `ModelEnv::mlp`).
+    pub fn with_mlp(
+        config: HybridConfig,
+        name: &'static str,
+        backend: Arc<dyn Backend>,
+        ctx: ParallelContext,
+        mlp: Option<&megatron_core::MlpProvider>,
     ) -> Result<Self> {
         if ctx.grid.cp > 1 {
             bail!("the {name} model does not run with context parallelism yet; use --context-parallel-size 1");
@@ -109,7 +122,7 @@ impl HybridModel {
         };
         let layers = layer_range
             .clone()
-            .map(|i| HybridLayer::new(&b, &config, &tcfg, kinds[i], i))
+            .map(|i| HybridLayer::new(&b, &config, &tcfg, kinds[i], i, mlp))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = if last {
             Some(LocalSpecProvider.norm(&b, "decoder.final_norm", config.normalization, h, config.layernorm_epsilon)?)
@@ -328,6 +341,20 @@ impl Model for HybridModel {
     }
 
     fn finalize_grads(&mut self) -> Result<()> {
-        self.all_reduce_shared_embedding_grad()
+        self.all_reduce_shared_embedding_grad()?;
+        self.layers.iter_mut().try_for_each(|l| match &mut l.branch {
+            Branch::Moe(m) => m.finalize_grads(),
+            _ => Ok(()),
+        })
+    }
+
+    fn take_metrics(&mut self) -> Vec<(String, f64)> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| match &mut l.branch {
+                Branch::Moe(m) => m.take_metrics(),
+                _ => Vec::new(),
+            })
+            .collect()
     }
 }

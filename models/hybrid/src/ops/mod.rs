@@ -3,8 +3,9 @@
 //! sequential recurrence, the oracle of the scan), [`gated_norm`] (gated RMSNorm per group,
 //! `norm_before_gate=False`) and [`dt`] (softplus of Δ, A = −exp(A_log)).
 //!
-//! They run on host `f32` slices (the CPU backend's storage; a GPU backend would implement
-//! the same contracts as Backend ops, see the crate docs). Parallel work is split over
+//! They run on host `f32` slices: the naive references of the Backend ops
+//! ([`megatron_core::mamba_ops`]) that the mixer calls (fast CPU kernels in `megatron-cpu`,
+//! `mamba/`; parity in `tests/fast_kernels.rs`, timing in `benches/mamba_ops.rs`). Parallel work is split over
 //! independent rows (batch × heads, batch × channels) and every shared gradient is summed in a
 //! fixed order, so results do not depend on the thread count.
 
@@ -16,18 +17,10 @@ pub mod ssd_ref;
 
 use anyhow::{bail, Result};
 
-/// Sizes of one SSD scan: `H` heads of `P` channels, `G` groups of B/C with state size `N`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SsdDims {
-    pub batch: usize,
-    pub seq: usize,
-    pub heads: usize,
-    pub head_dim: usize,
-    pub groups: usize,
-    pub state: usize,
-    /// Steps per chunk (Megatron: 128); the sequential reference ignores it.
-    pub chunk: usize,
-}
+/// Sizes of one SSD scan (the Backend op's [`megatron_core::SsdSpec`]): `H` heads of `P`
+/// channels, `G` groups of B/C with state size `N`, `chunk` steps per chunk (the sequential
+/// reference ignores it).
+pub use megatron_core::SsdSpec as SsdDims;
 
 pub(crate) fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
