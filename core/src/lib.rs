@@ -13,6 +13,7 @@ pub mod data;
 pub mod dtype;
 #[cfg(target_os = "linux")]
 pub mod elf_check;
+pub mod forward_pre_hook;
 pub mod gqa;
 pub mod grouped_gemm;
 pub mod guarded_model;
@@ -35,6 +36,7 @@ pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use cross_attention::CrossAttentionSpec;
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
 pub use dtype::DType;
+pub use forward_pre_hook::{run_forward_pre_hook, ForwardPreHook, SharedForwardPreHook};
 pub use gqa::GqaSpec;
 pub use grouped_gemm::{GemmGroup, GroupedGemmSpec};
 pub use metrics::MetricsSink;
