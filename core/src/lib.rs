@@ -6,6 +6,7 @@
 //! [`ParallelContext`], [`Batch`], [`Param`]) and the plugin [`registry`]. It depends on no
 //! other workspace crate; everything else is a plugin registered by name.
 
+pub mod attention_block;
 pub mod backend;
 pub mod comm;
 pub mod cross_attention;
@@ -31,6 +32,7 @@ pub mod rope_scaling;
 pub mod schedule;
 pub mod tensor;
 
+pub use attention_block::AttentionBlockSpec;
 pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSpec, RotarySpec};
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use cross_attention::CrossAttentionSpec;
