@@ -47,12 +47,11 @@ fn check_spec(op: &str, s: &AttentionBlockSpec) -> Result<()> {
     Ok(())
 }
 
-/// Checks the shared inputs and returns `(q, k, v, q_pos, k_pos)`.
-fn inputs<'a>(
-    op: &str,
-    s: &AttentionBlockSpec,
-    t: [&'a DeviceTensor; 5],
-) -> Result<(&'a [f32], &'a [f32], &'a [f32], &'a [i32], &'a [i32])> {
+/// `(q, k, v, q_pos, k_pos)` as host slices.
+type Inputs<'a> = (&'a [f32], &'a [f32], &'a [f32], &'a [i32], &'a [i32]);
+
+/// Checks the shared inputs and returns them.
+fn inputs<'a>(op: &str, s: &AttentionBlockSpec, t: [&'a DeviceTensor; 5]) -> Result<Inputs<'a>> {
     check_spec(op, s)?;
     numel(op, "q", t[0], s.q_numel(), "(B, Tq, heads, head_dim)")?;
     numel(op, "k", t[1], s.k_numel(), "(B, Tk, heads, head_dim)")?;
