@@ -209,7 +209,10 @@ pub struct PretrainArgs {
     /// `--nproc 4 --use-distributed-optimizer --overlap-grad-reduce`.
     #[arg(long)]
     pub use_distributed_optimizer: bool,
-    /// Overlap the parameter all-gather with the next forward (not implemented yet: refused).
+    /// Overlap the distributed optimizer's parameter all-gather with the next forward: the step
+    /// only starts the per-bucket all-gathers, and each layer's forward waits for the bucket(s)
+    /// of its own parameters. Needs --use-distributed-optimizer (fp32). Example:
+    /// `--nproc 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather`.
     #[arg(long)]
     pub overlap_param_gather: bool,
     /// How long a rank waits for its peers in a collective before failing.

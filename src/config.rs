@@ -42,9 +42,15 @@ impl TrainConfig {
         need(a.distributed_timeout_minutes > 0, "--distributed-timeout-minutes must be > 0".into());
         need(a.ddp_bucket_size != Some(0), "--ddp-bucket-size must be > 0".into());
         need(
-            !a.overlap_param_gather,
-            "--overlap-param-gather is not implemented: the distributed optimizer all-gathers the updated \
-             parameters right after the step; drop the flag"
+            !a.overlap_param_gather || a.use_distributed_optimizer,
+            "--overlap-param-gather overlaps the distributed optimizer's parameter all-gather with the next \
+             forward: add --use-distributed-optimizer or drop the flag"
+                .into(),
+        );
+        need(
+            !(a.overlap_param_gather && (a.bf16 || a.fp16)),
+            "--overlap-param-gather runs in fp32 only for now (with --bf16/--fp16 the gathered values are the \
+             fp32 main parameters, which the pre-hook does not write yet): drop --overlap-param-gather"
                 .into(),
         );
         need(

@@ -6,6 +6,7 @@
 //! [`ParallelContext`], [`Batch`], [`Param`]) and the plugin [`registry`]. It depends on no
 //! other workspace crate; everything else is a plugin registered by name.
 
+pub mod attention_block;
 pub mod backend;
 pub mod comm;
 pub mod cross_attention;
@@ -13,6 +14,7 @@ pub mod data;
 pub mod dtype;
 #[cfg(target_os = "linux")]
 pub mod elf_check;
+pub mod forward_pre_hook;
 pub mod gqa;
 pub mod grouped_gemm;
 pub mod guarded_model;
@@ -31,11 +33,13 @@ pub mod rope_scaling;
 pub mod schedule;
 pub mod tensor;
 
+pub use attention_block::AttentionBlockSpec;
 pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSpec, RotarySpec};
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use cross_attention::CrossAttentionSpec;
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
 pub use dtype::DType;
+pub use forward_pre_hook::{run_forward_pre_hook, ForwardPreHook, SharedForwardPreHook};
 pub use gqa::GqaSpec;
 pub use grouped_gemm::{GemmGroup, GroupedGemmSpec};
 pub use mamba_ops::{Conv1dSpec, SsdGradTensors, SsdSpec, SsdTensors};

@@ -322,4 +322,12 @@ pub trait Model: Send {
         }
         self.backward_stage(microbatch, grad_output, grad_scale, on_grads_ready)
     }
+
+    /// `--overlap-param-gather`: the model calls `hook` with each module's parameters right
+    /// before that module's forward (see [`crate::forward_pre_hook`]) and returns `true`. The
+    /// default keeps no hook and returns `false`: the driver then waits for every parameter
+    /// before each forward.
+    fn set_forward_pre_hook(&mut self, _hook: crate::SharedForwardPreHook) -> bool {
+        false
+    }
 }

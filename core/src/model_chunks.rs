@@ -130,4 +130,10 @@ impl Model for ModelChunks {
     ) -> Result<Option<DeviceTensor>> {
         self.chunk_mut(chunk)?.backward_stage(microbatch, grad_output, grad_scale, on_grads_ready)
     }
+    /// Every chunk gets the hook; `true` only when every chunk calls it.
+    fn set_forward_pre_hook(&mut self, hook: crate::SharedForwardPreHook) -> bool {
+        // Every chunk, even after one that declines (no short circuit).
+        let installed: Vec<bool> = self.chunks.iter_mut().map(|c| c.set_forward_pre_hook(hook.clone())).collect();
+        installed.iter().all(|&b| b)
+    }
 }

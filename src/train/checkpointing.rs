@@ -108,6 +108,7 @@ impl Trainer {
     /// Saves a checkpoint of the current state under `--save`.
     pub fn save(&mut self) -> Result<()> {
         let Some(dir) = self.cfg.args.save.clone() else { return Ok(()) };
+        self.finish_param_gather()?; // --overlap-param-gather: save the updated parameters
         let a = &self.cfg.args;
         let optimizer = if a.no_save_optim {
             None
@@ -158,6 +159,8 @@ impl Trainer {
     /// Loads `--load` if it holds a checkpoint (SPEC §7.3).
     pub fn maybe_load(&mut self) -> Result<()> {
         let Some(dir) = self.cfg.args.load.clone() else { return Ok(()) };
+        // --overlap-param-gather: a gather landing after the load would overwrite it.
+        self.finish_param_gather()?;
         // A Megatron-LM checkpoint is converted to a temporary native one first (its vocabulary
         // padded to this model's), which is removed once loaded.
         #[cfg(all(feature = "gpt", feature = "tokenizers"))]

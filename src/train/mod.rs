@@ -11,6 +11,7 @@ mod loss_scaling;
 pub mod memory;
 mod mpi_rank;
 mod multi_rank;
+pub mod param_gather;
 pub mod rewind;
 mod setup;
 mod step;
@@ -66,6 +67,8 @@ pub struct Trainer {
     pub loss_scaler: Option<megatron_optim::LossScaler>,
     /// Spike detectors and a pending rewind (src/train/rewind.rs).
     pub guard: rewind::GuardState,
+    /// `--overlap-param-gather` (src/train/param_gather.rs); `None` without it.
+    pub param_gather: Option<param_gather::OverlapParamGather>,
 }
 
 /// What a run did (for tests and the CLI's exit message).
@@ -264,6 +267,7 @@ impl Trainer {
                 if self.is_rank0() {
                     println!("exiting after iteration {it} because of {why}");
                 }
+                self.finish_param_gather()?;
                 summary.stopped_by_signal = signalled;
                 summary.final_iteration = it;
                 summary.saved.extend(last_saved);
@@ -288,6 +292,7 @@ impl Trainer {
         for s in &mut self.sinks {
             s.flush()?;
         }
+        self.finish_param_gather()?;
         Ok(summary)
     }
 

@@ -179,12 +179,18 @@ pub fn build_trainer_with_comm(
     } else {
         registry.schedule(if ctx.pp_size() > 1 { "1f1b" } else { "no-pipelining" }, json!({}))?
     };
-    let (grad_sync, optimizer) = if a.use_distributed_optimizer {
-        let (sync, opt) = distributed_optimizer(&cfg, &model.params(), backend.clone(), &ctx)?;
-        (Some(sync), opt)
+    let (grad_sync, optimizer, hook) = if a.use_distributed_optimizer {
+        let (sync, opt, hook) = distributed_optimizer(&cfg, &model.params(), backend.clone(), &ctx)?;
+        (Some(sync), opt, hook)
     } else {
-        (strategy.grad_sync(&model.params(), backend.clone(), &ctx)?, optimizer)
+        (strategy.grad_sync(&model.params(), backend.clone(), &ctx)?, optimizer, None)
     };
+    // --overlap-param-gather: the model waits per module when it supports the pre-hook.
+    let mut model = model;
+    let param_gather = hook.map(|hook| super::param_gather::OverlapParamGather {
+        per_module: model.set_forward_pre_hook(hook.clone()),
+        hook,
+    });
     // --bf16/--fp16: the optimizer steps fp32 main parameters (SPEC §6.7).
     let optimizer: Box<dyn megatron_core::Optimizer> = match cfg.params_dtype() {
         Some(_) => Box::new(megatron_optim::MixedPrecisionOptimizer::new(optimizer)),
@@ -218,10 +224,15 @@ pub fn build_trainer_with_comm(
         stop,
         loss_scaler,
         guard: Default::default(),
+        param_gather,
     };
     trainer.maybe_load()?;
     Ok(trainer)
 }
+
+/// The reducer, the optimizer and (with `--overlap-param-gather`) the forward pre-hook.
+type DistributedOptimizerParts =
+    (Box<dyn megatron_core::GradSync>, Box<dyn megatron_core::Optimizer>, Option<megatron_core::SharedForwardPreHook>);
 
 /// `--use-distributed-optimizer` (SPEC §5.7): a DDP reducer that reduce-scatters its buckets
 /// and the ZeRO-1 Adam that owns the same ranges. With pp > 1 and tied embeddings the word
@@ -232,7 +243,7 @@ fn distributed_optimizer(
     params: &[&megatron_core::Param],
     backend: std::sync::Arc<dyn megatron_core::Backend>,
     ctx: &megatron_core::ParallelContext,
-) -> Result<(Box<dyn megatron_core::GradSync>, Box<dyn megatron_core::Optimizer>)> {
+) -> Result<DistributedOptimizerParts> {
     let a = &cfg.args;
     let options = megatron_parallel::DdpOptions {
         bucket_size: a.ddp_bucket_size,
@@ -244,7 +255,8 @@ fn distributed_optimizer(
     } else {
         Vec::new()
     };
-    let reducer = megatron_parallel::DdpReducer::with_separate_buckets(params, options, &separate, backend, ctx)?;
+    let reducer =
+        megatron_parallel::DdpReducer::with_separate_buckets(params, options, &separate, backend.clone(), ctx)?;
     let buckets = reducer
         .shard_layout()
         .into_iter()
@@ -252,8 +264,9 @@ fn distributed_optimizer(
         .collect();
     let adam = megatron_optim::AdamConfig { beta1: a.adam_beta1, beta2: a.adam_beta2, eps: a.adam_eps };
     let group = reducer.group().clone();
-    let opt = megatron_optim::DistributedOptimizer::new(adam, buckets, ctx.comm.clone(), group, params)?;
-    Ok((Box::new(reducer), Box::new(opt)))
+    let mut opt = megatron_optim::DistributedOptimizer::new(adam, buckets, ctx.comm.clone(), group, params)?;
+    let hook = if a.overlap_param_gather { Some(opt.overlap_param_gather(backend)?) } else { None };
+    Ok((Box::new(reducer), Box::new(opt), hook))
 }
 
 #[cfg(not(feature = "parallel"))]
@@ -262,7 +275,7 @@ fn distributed_optimizer(
     _: &[&megatron_core::Param],
     _: std::sync::Arc<dyn megatron_core::Backend>,
     _: &megatron_core::ParallelContext,
-) -> Result<(Box<dyn megatron_core::GradSync>, Box<dyn megatron_core::Optimizer>)> {
+) -> Result<DistributedOptimizerParts> {
     anyhow::bail!("--use-distributed-optimizer needs the `parallel` feature")
 }
 

@@ -48,6 +48,7 @@ impl Trainer {
         let iteration = self.state.iteration;
         let seed = self.cfg.args.seed;
         let m = self.cfg.num_microbatches;
+        self.param_gather_before_forward()?;
         self.model.zero_grad()?;
         let cursor = self.train.as_ref().ok_or_else(|| anyhow::anyhow!("no training split"))?;
         let mut next = 0usize;
@@ -117,6 +118,7 @@ impl Trainer {
     /// `eval_iters` forward-only global batches of `cursor` from `consumed` on; returns the
     /// per-token mean loss and the samples used.
     pub fn evaluate(&mut self, cursor: &DataCursor, consumed: u64, eval_iters: u64) -> Result<(f64, u64)> {
+        self.finish_param_gather()?;
         let m = self.cfg.num_microbatches;
         let gbs = self.cfg.global_batch_size as u64;
         let mut all = Vec::new();

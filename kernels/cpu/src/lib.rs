@@ -15,6 +15,7 @@
 
 mod activation;
 mod attention;
+mod attention_block;
 mod backend;
 mod check;
 mod cross_attention;

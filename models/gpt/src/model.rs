@@ -359,6 +359,12 @@ impl Model for GptModel {
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         self.decoder.layers.iter_mut().flat_map(|l| l.mlp.take_metrics()).collect()
     }
+
+    /// The block calls the hook per layer; the stage adds the embedding and the output layer.
+    fn set_forward_pre_hook(&mut self, hook: megatron_core::SharedForwardPreHook) -> bool {
+        self.decoder.set_forward_pre_hook(Some(hook));
+        true
+    }
 }
 
 /// The `(V/tp)` additive logit mask of this rank's vocab slice: `-inf` on padded vocab ids so

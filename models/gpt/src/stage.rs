@@ -52,6 +52,10 @@ impl GptModel {
             bail!("sequence length {} > max_position_embeddings {}", step.seq, self.config.max_position_embeddings);
         }
         self.forwards += 1;
+        // --overlap-param-gather: wait for the embedding's all-gather (the layers wait in the block).
+        if let Some(emb) = self.embedding.as_mut() {
+            self.decoder.run_pre_hook(emb.params_mut())?;
+        }
         let x = self.decoder.input_mut(step)?;
         match (self.embedding.as_mut(), tokens, input) {
             (Some(emb), Some(ids), None) => emb.forward(ids, x, step)?,
@@ -69,6 +73,11 @@ impl GptModel {
         // gradient once into this buffer (Megatron's `.float()` backward).
         let dtype = self.config.params_dtype;
         ensure_buffer(self.backend.as_ref(), &mut self.logits, &[step.batch, step.seq, vocab_local], dtype)?;
+        // The untied output layer or the last stage's embedding copy (tied at pp = 1: nothing new).
+        let head: Vec<_> = self.output_layer.iter_mut().chain(self.shared_embedding.iter_mut()).collect();
+        if !head.is_empty() {
+            self.decoder.run_pre_hook(head)?;
+        }
         let w = match (&self.output_layer, &self.shared_embedding, &self.embedding) {
             (Some(p), _, _) | (None, Some(p), _) => &p.value,
             (None, None, Some(e)) => &e.word_embeddings.weight.value,

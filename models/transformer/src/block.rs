@@ -10,7 +10,7 @@ use crate::recompute::FullRecompute;
 use crate::spec::{SpecProvider, TransformerBlockSpec, TransformerConfig};
 use crate::step::{copy_any, empty, ensure_buffer, BackwardScratch, SavedActivations, StepInfo};
 use anyhow::{bail, Result};
-use megatron_core::{Backend, DType, DeviceTensor, Param};
+use megatron_core::{run_forward_pre_hook, Backend, DType, DeviceTensor, Param, SharedForwardPreHook};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -35,6 +35,9 @@ pub struct TransformerBlock {
     /// Activation sets of recomputed layers while no layer uses them (at most one unit's
     /// worth): a recompute reuses these buffers instead of allocating.
     pool: Vec<SavedActivations>,
+    /// `--overlap-param-gather`: called with each layer's (and the final norm's) parameters
+    /// before its training or evaluation forward ([`megatron_core::forward_pre_hook`]).
+    pre_hook: Option<SharedForwardPreHook>,
 }
 
 impl TransformerBlock {
@@ -98,6 +101,7 @@ impl TransformerBlock {
             scratch: BackwardScratch::new(bk)?,
             recompute: None,
             pool: Vec::new(),
+            pre_hook: None,
             layers,
             final_layernorm,
             backend,
@@ -143,10 +147,14 @@ impl TransformerBlock {
     pub fn forward(&mut self, step: &StepInfo) -> Result<()> {
         let units = self.recompute_units(step);
         for (l, unit) in units.iter().enumerate() {
+            run_forward_pre_hook(self.pre_hook.as_ref(), self.layers[l].params_mut())?;
             self.run_layer(l, step, unit.is_some())?;
             if let Some(u) = unit {
                 self.release_layer(l, u)?;
             }
+        }
+        if let Some(norm) = self.final_layernorm.as_mut() {
+            run_forward_pre_hook(self.pre_hook.as_ref(), norm.params_mut())?;
         }
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
@@ -389,5 +397,17 @@ impl TransformerBlock {
             p.extend(norm.params_mut());
         }
         p
+    }
+
+    /// Installs the `--overlap-param-gather` forward pre-hook ([`Self::forward`] calls it per
+    /// layer); the model calls [`Self::run_pre_hook`] for its own modules.
+    pub fn set_forward_pre_hook(&mut self, hook: Option<SharedForwardPreHook>) {
+        self.pre_hook = hook;
+    }
+
+    /// Runs the installed forward pre-hook (if any) on `params` of a module outside the block
+    /// (embedding, output layer) before its forward.
+    pub fn run_pre_hook(&self, params: Vec<&mut Param>) -> Result<()> {
+        run_forward_pre_hook(self.pre_hook.as_ref(), params)
     }
 }

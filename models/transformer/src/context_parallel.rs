@@ -8,17 +8,21 @@
 //! log-sum-exp; backward sends the K/V blocks around again together with their accumulating
 //! `dK`/`dV`, which end back on their owner.
 //!
-//! The kernel here is a plain host loop over `(b, head, query, key)` in a fixed order (so the
-//! result does not depend on threads), fp32 like the backend's attention; the partial outputs
-//! are merged in ring order. It is checked against the single-rank backend attention on the
-//! whole sequence (`tests/ring_attention.rs`).
+//! The per-block compute is the backend's (`Backend::attention_block_forward`,
+//! `attention_lse_merge`, `attention_block_backward`, see [`megatron_core::attention_block`]):
+//! this module moves the blocks around the ring and merges the partial outputs in ring order.
+//! It is checked against the single-rank backend attention on the whole sequence
+//! (`tests/ring_attention.rs`); the ops against their f64 reference and finite differences in
+//! the cpu backend's tests.
 //!
 //! Layouts are the backend attention's: `qkv (B, Tl, heads, 3, hd)`, `out (B, Tl, heads·hd)`,
 //! `lse (B, heads, Tl)` with `Tl = T/cp` local tokens in local order (chunk `r`, then chunk
 //! `2cp−1−r`).
 
 use anyhow::{bail, Context, Result};
-use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, HostBuffer, ParallelContext, RotarySpec};
+use megatron_core::{
+    AttentionBlockSpec, AttentionSpec, Backend, DType, DeviceTensor, HostBuffer, ParallelContext, RotarySpec,
+};
 
 /// Global position of local token `t` of CP rank `rank` (`local_seq = T/cp` tokens per row).
 pub fn global_position(t: usize, local_seq: usize, cp: usize, rank: usize) -> usize {
@@ -97,6 +101,19 @@ impl Dims {
     fn n(&self) -> usize {
         self.b * self.tl * self.h * self.d
     }
+
+    /// The backend block op's spec: local queries against one rank's `Tl` keys.
+    fn block_spec(&self) -> AttentionBlockSpec {
+        AttentionBlockSpec {
+            batch: self.b,
+            q_len: self.tl,
+            k_len: self.tl,
+            heads: self.h,
+            head_dim: self.d,
+            scale: self.scale,
+            causal: self.causal,
+        }
+    }
 }
 
 /// The ring neighbours (global ranks) of this rank in the CP group: `(next, prev)`.
@@ -117,32 +134,39 @@ fn ring_shift(bk: &dyn Backend, ctx: &ParallelContext, buf: &[f32], next: usize,
     Ok(bk.to_host(&r)?.to_f32_vec())
 }
 
-/// `[k; v]` of the local qkv, each `(B, Tl, heads, hd)`.
-fn split_kv(dm: &Dims, qkv: &[f32]) -> Vec<f32> {
+/// `q` and `[k; v]` of the local qkv, each `(B, Tl, heads, hd)`.
+fn split_qkv(dm: &Dims, qkv: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let n = dm.n();
-    let mut kv = vec![0.0f32; 2 * n];
+    let (mut q, mut kv) = (vec![0.0f32; n], vec![0.0f32; 2 * n]);
     for b in 0..dm.b {
         for t in 0..dm.tl {
             for h in 0..dm.h {
                 for e in 0..dm.d {
+                    q[dm.row(b, t, h, e)] = qkv[dm.qkv(b, t, h, 0, e)];
                     kv[dm.row(b, t, h, e)] = qkv[dm.qkv(b, t, h, 1, e)];
                     kv[n + dm.row(b, t, h, e)] = qkv[dm.qkv(b, t, h, 2, e)];
                 }
             }
         }
     }
-    kv
+    (q, kv)
 }
 
-/// `scale · q_i · k_j` of query row `(b, i, h)` and key row `(b, j, h)` of the block `kv`.
-fn score(dm: &Dims, qkv: &[f32], kv: &[f32], (b, h): (usize, usize), i: usize, j: usize) -> f32 {
-    let (q0, k0) = (dm.qkv(b, i, h, 0, 0), dm.row(b, j, h, 0));
-    let s: f32 = qkv[q0..q0 + dm.d].iter().zip(&kv[k0..k0 + dm.d]).map(|(a, c)| a * c).sum();
-    s * dm.scale
+/// The int32 global positions of CP rank `rank`'s local tokens (a `(Tl)` tensor).
+fn positions(bk: &dyn Backend, dm: &Dims, rank: usize) -> Result<DeviceTensor> {
+    let pos = local_positions(dm.tl * dm.cp, dm.cp, rank).into_iter().map(|p| p as i32).collect::<Vec<_>>();
+    bk.from_host(HostBuffer::I32(pos), &[dm.tl])
+}
+
+/// A `(B, Tl, heads, hd)` f32 tensor of `x`.
+fn rows(bk: &dyn Backend, dm: &Dims, x: &[f32]) -> Result<DeviceTensor> {
+    bk.from_host(HostBuffer::F32(x.to_vec()), &[dm.b, dm.tl, dm.h, dm.d])
 }
 
 /// Ring attention forward of this rank's `qkv (B, Tl, heads, 3, hd)` over the whole sequence
-/// of the CP group: writes `out (B, Tl, heads·hd)` and `lse (B, heads, Tl)`.
+/// of the CP group: writes `out (B, Tl, heads·hd)` and `lse (B, heads, Tl)`. Each step is the
+/// backend's block attention of the local queries to the K/V block held, merged into the
+/// running output by log-sum-exp (`Backend::attention_block_forward`, `attention_lse_merge`).
 pub fn ring_attention_forward(
     bk: &dyn Backend,
     ctx: &ParallelContext,
@@ -153,76 +177,35 @@ pub fn ring_attention_forward(
 ) -> Result<()> {
     let dm = Dims::new(ctx, &spec)?;
     let (me, next, prev) = neighbours(ctx)?;
-    let qkv = bk.to_host(qkv)?.to_f32_vec();
-    let q_pos = local_positions(dm.tl * dm.cp, dm.cp, me);
+    let (q, mut kv) = split_qkv(&dm, &bk.to_host(qkv)?.to_f32_vec());
     let n = dm.n();
-    let mut o = vec![0.0f32; n];
-    let mut m_lse = vec![f32::NEG_INFINITY; dm.b * dm.h * dm.tl];
-    let mut kv = split_kv(&dm, &qkv);
-    let mut block_o = vec![0.0f32; dm.d];
-    let mut s_row = vec![0.0f32; dm.tl];
+    let (bs, q_t, q_pos) = (dm.block_spec(), rows(bk, &dm, &q)?, positions(bk, &dm, me)?);
+    let stats = dm.b * dm.h * dm.tl;
+    let mut o = bk.zeros(&[dm.b, dm.tl, dm.h, dm.d], DType::F32)?;
+    let mut m = bk.from_host(HostBuffer::F32(vec![f32::NEG_INFINITY; stats]), &[dm.b, dm.h, dm.tl])?;
+    let mut block_o = bk.zeros(&[dm.b, dm.tl, dm.h, dm.d], DType::F32)?;
+    let mut block_lse = bk.zeros(&[dm.b, dm.h, dm.tl], DType::F32)?;
     for step in 0..dm.cp {
         let owner = (me + dm.cp - step) % dm.cp; // whose K/V block this rank holds now
-        let k_pos = local_positions(dm.tl * dm.cp, dm.cp, owner);
-        for b in 0..dm.b {
-            for h in 0..dm.h {
-                for (i, &qp) in q_pos.iter().enumerate() {
-                    // Partial softmax of query i over this block, merged by log-sum-exp.
-                    let mut mx = f32::NEG_INFINITY;
-                    for (j, (s, &kp)) in s_row.iter_mut().zip(&k_pos).enumerate() {
-                        *s = if dm.causal && kp > qp { f32::NEG_INFINITY } else { score(&dm, &qkv, &kv, (b, h), i, j) };
-                        mx = mx.max(*s);
-                    }
-                    if mx == f32::NEG_INFINITY {
-                        continue; // every key of this block is in the future
-                    }
-                    let mut sum = 0.0f32;
-                    block_o.iter_mut().for_each(|x| *x = 0.0);
-                    for (j, &s) in s_row.iter().enumerate() {
-                        if s == f32::NEG_INFINITY {
-                            continue;
-                        }
-                        let p = (s - mx).exp();
-                        sum += p;
-                        let v0 = n + dm.row(b, j, h, 0);
-                        for (x, v) in block_o.iter_mut().zip(&kv[v0..v0 + dm.d]) {
-                            *x += p * v;
-                        }
-                    }
-                    let block_lse = mx + sum.ln();
-                    let li = dm.lse(b, h, i);
-                    let old = m_lse[li];
-                    let new = if old == f32::NEG_INFINITY {
-                        block_lse
-                    } else {
-                        let hi = old.max(block_lse);
-                        hi + ((old - hi).exp() + (block_lse - hi).exp()).ln()
-                    };
-                    let (w_old, w_blk) = if old == f32::NEG_INFINITY {
-                        (0.0, 1.0 / sum)
-                    } else {
-                        ((old - new).exp(), (block_lse - new).exp() / sum)
-                    };
-                    for (e, x) in block_o.iter().enumerate() {
-                        let oi = dm.row(b, i, h, e);
-                        o[oi] = o[oi] * w_old + x * w_blk;
-                    }
-                    m_lse[li] = new;
-                }
-            }
-        }
+        let (k, v) = (rows(bk, &dm, &kv[..n])?, rows(bk, &dm, &kv[n..])?);
+        let k_pos = positions(bk, &dm, owner)?;
+        bk.attention_block_forward(&q_t, &k, &v, &q_pos, &k_pos, &mut block_o, &mut block_lse, bs)
+            .context("context-parallel ring attention block")?;
+        bk.attention_lse_merge(&mut o, &mut m, &block_o, &block_lse, bs)?;
         if step + 1 < dm.cp {
             kv = ring_shift(bk, ctx, &kv, next, prev)?;
         }
     }
-    *out = bk.from_host(HostBuffer::F32(o), out.shape())?;
-    *lse = bk.from_host(HostBuffer::F32(m_lse), lse.shape())?;
+    o.reshape(out.shape())?;
+    m.reshape(lse.shape())?;
+    (*out, *lse) = (o, m);
     Ok(())
 }
 
 /// Backward of [`ring_attention_forward`]: overwrites `d_qkv (B, Tl, heads, 3, hd)` from
-/// `d_out (B, Tl, heads·hd)`, the forward's `out` and `lse` (scores recomputed). The `dK`/`dV`
-/// of each block accumulate on the ranks it visits and travel home with it.
+/// `d_out (B, Tl, heads·hd)`, the forward's `out` and `lse`. Each K/V block goes round the
+/// ring again with its accumulating `dK`/`dV` (`Backend::attention_block_backward` with the
+/// final `lse` and `delta = Σ dO·O`), which travel home with it at the end.
 #[allow(clippy::too_many_arguments)] // the backend attention backward's arguments plus the CP context
 pub fn ring_attention_backward(
     bk: &dyn Backend,
@@ -236,62 +219,40 @@ pub fn ring_attention_backward(
 ) -> Result<()> {
     let dm = Dims::new(ctx, &spec)?;
     let (me, next, prev) = neighbours(ctx)?;
-    let qkv_h = bk.to_host(qkv)?.to_f32_vec();
-    let (d_o, o, m_lse) =
-        (bk.to_host(d_out)?.to_f32_vec(), bk.to_host(out)?.to_f32_vec(), bk.to_host(lse)?.to_f32_vec());
-    let q_pos = local_positions(dm.tl * dm.cp, dm.cp, me);
+    let (q, kv) = split_qkv(&dm, &bk.to_host(qkv)?.to_f32_vec());
+    let (d_o, o) = (bk.to_host(d_out)?.to_f32_vec(), bk.to_host(out)?.to_f32_vec());
     let n = dm.n();
-    // D_i = dO_i · O_i (the softmax backward's row term).
-    let mut big_d = vec![0.0f32; dm.b * dm.h * dm.tl];
+    // delta_i = dO_i · O_i (the softmax backward's row term), (B, heads, Tl).
+    let mut delta = vec![0.0f32; dm.b * dm.h * dm.tl];
     for b in 0..dm.b {
         for h in 0..dm.h {
             for i in 0..dm.tl {
-                big_d[dm.lse(b, h, i)] = (0..dm.d).map(|e| d_o[dm.row(b, i, h, e)] * o[dm.row(b, i, h, e)]).sum();
+                delta[dm.lse(b, h, i)] = (0..dm.d).map(|e| d_o[dm.row(b, i, h, e)] * o[dm.row(b, i, h, e)]).sum();
             }
         }
     }
-    let mut dq = vec![0.0f32; n];
+    let delta = bk.from_host(HostBuffer::F32(delta), &[dm.b, dm.h, dm.tl])?;
+    let (bs, q_t, d_o, q_pos) = (dm.block_spec(), rows(bk, &dm, &q)?, rows(bk, &dm, &d_o)?, positions(bk, &dm, me)?);
+    let mut dq = bk.zeros(&[dm.b, dm.tl, dm.h, dm.d], DType::F32)?;
     // [k; v; dk; dv] of the block this rank holds.
-    let mut blk = split_kv(&dm, &qkv_h);
+    let mut blk = kv;
     blk.resize(4 * n, 0.0);
     for step in 0..dm.cp {
         let owner = (me + dm.cp - step) % dm.cp;
-        let k_pos = local_positions(dm.tl * dm.cp, dm.cp, owner);
-        let (kv, dkv) = blk.split_at_mut(2 * n);
-        for b in 0..dm.b {
-            for h in 0..dm.h {
-                for (i, &qp) in q_pos.iter().enumerate() {
-                    let li = dm.lse(b, h, i);
-                    for (j, &kp) in k_pos.iter().enumerate() {
-                        if dm.causal && kp > qp {
-                            continue;
-                        }
-                        let s = score(&dm, &qkv_h, kv, (b, h), i, j);
-                        let p = (s - m_lse[li]).exp();
-                        let (r_i, r_j, q0, d) = (dm.row(b, i, h, 0), dm.row(b, j, h, 0), dm.qkv(b, i, h, 0, 0), dm.d);
-                        let g = &d_o[r_i..r_i + d];
-                        // dV_j += p dO_i; dp = dO_i · v_j.
-                        let dp: f32 = g.iter().zip(&kv[n + r_j..n + r_j + d]).map(|(g, v)| g * v).sum();
-                        for (dv, g) in dkv[n + r_j..n + r_j + d].iter_mut().zip(g) {
-                            *dv += p * g;
-                        }
-                        let ds = p * (dp - big_d[li]) * dm.scale;
-                        for (x, k) in dq[r_i..r_i + d].iter_mut().zip(&kv[r_j..r_j + d]) {
-                            *x += ds * k;
-                        }
-                        for (dk, q) in dkv[r_j..r_j + d].iter_mut().zip(&qkv_h[q0..q0 + d]) {
-                            *dk += ds * q;
-                        }
-                    }
-                }
-            }
-        }
+        let (k, v) = (rows(bk, &dm, &blk[..n])?, rows(bk, &dm, &blk[n..2 * n])?);
+        let (mut dk, mut dv) = (rows(bk, &dm, &blk[2 * n..3 * n])?, rows(bk, &dm, &blk[3 * n..])?);
+        let k_pos = positions(bk, &dm, owner)?;
+        bk.attention_block_backward(&d_o, &q_t, &k, &v, &q_pos, &k_pos, lse, &delta, &mut dq, &mut dk, &mut dv, bs)
+            .context("context-parallel ring attention block backward")?;
+        blk[2 * n..3 * n].copy_from_slice(&bk.to_host(&dk)?.to_f32_vec());
+        blk[3 * n..].copy_from_slice(&bk.to_host(&dv)?.to_f32_vec());
         if step + 1 < dm.cp {
             blk = ring_shift(bk, ctx, &blk, next, prev)?;
         }
     }
     // The block held now belongs to the next rank: send its dK/dV home, receive ours.
     let dkv = if dm.cp > 1 { ring_shift(bk, ctx, &blk[2 * n..], next, prev)? } else { blk[2 * n..].to_vec() };
+    let dq = bk.to_host(&dq)?.to_f32_vec();
     let mut d = vec![0.0f32; 3 * n];
     for b in 0..dm.b {
         for t in 0..dm.tl {

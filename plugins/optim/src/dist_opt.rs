@@ -5,7 +5,10 @@
 //! range `[d·P/dp, (d+1)·P/dp)` of every bucket of padded size `P`. This optimizer keeps the
 //! fp32 main parameters and the Adam moments **only for that range**, as one segment per
 //! parameter overlapping it, steps them with the backend's fused Adam, and all-gathers the
-//! updated range of every bucket back into the full parameters.
+//! updated range of every bucket back into the full parameters. With
+//! [`DistributedOptimizer::overlap_param_gather`] (`--overlap-param-gather`) the step only
+//! starts those all-gathers and the next forward's pre-hooks write the parameters
+//! ([`crate::ParamGather`]).
 //!
 //! Checkpoints stay layout-independent: [`Optimizer::state`] all-gathers the moments and
 //! returns them per parameter under Adam's names (`{param}.exp_avg`, `{param}.exp_avg_sq`),
@@ -22,13 +25,15 @@
 //! will add an fp32 main copy of the shard when mixed precision lands).
 
 use crate::adam::{Adam, AdamConfig};
+use crate::param_gather::ParamGather;
 use crate::state_tensors::{self, clone_tensor};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
-    AdamStep, Backend, Communicator, DType, DeviceTensor, Group, HostBuffer, Optimizer, OptimizerState, Param,
+    AdamStep, Backend, Communicator, DType, DeviceTensor, ForwardPreHook, Group, HostBuffer, Optimizer, OptimizerState,
+    Param, SharedForwardPreHook,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 const KINDS: [&str; 2] = ["exp_avg", "exp_avg_sq"];
 
@@ -67,6 +72,8 @@ pub struct DistributedOptimizer {
     /// Parameters in no bucket (sharded experts) and the plain Adam that steps them.
     unsharded: HashSet<String>,
     plain: Adam,
+    /// `--overlap-param-gather`: the step only starts the all-gathers (see [`ParamGather`]).
+    overlap: Option<Arc<Mutex<ParamGather>>>,
 }
 
 impl DistributedOptimizer {
@@ -116,7 +123,35 @@ impl DistributedOptimizer {
         let bucketed: HashSet<&str> = buckets.iter().flat_map(|b| b.params.iter().map(|p| p.0.as_str())).collect();
         let unsharded = params.iter().map(|p| p.name.clone()).filter(|n| !bucketed.contains(n.as_str())).collect();
         let plain = Adam::new(config)?;
-        Ok(DistributedOptimizer { config, steps: 0, comm, group, buckets, segments, shapes, unsharded, plain })
+        Ok(DistributedOptimizer {
+            config,
+            steps: 0,
+            comm,
+            group,
+            buckets,
+            segments,
+            shapes,
+            unsharded,
+            plain,
+            overlap: None,
+        })
+    }
+
+    /// `--overlap-param-gather`: from now on [`Optimizer::step`] only starts the per-bucket
+    /// all-gathers; the returned hook (install it in the model, see
+    /// [`megatron_core::Model::set_forward_pre_hook`]) waits for them and writes the parameters.
+    pub fn overlap_param_gather(&mut self, backend: Arc<dyn Backend>) -> Result<SharedForwardPreHook> {
+        let g = ParamGather::new(self.buckets.clone(), self.comm.clone(), &self.group, backend)?;
+        let g = Arc::new(Mutex::new(g));
+        self.overlap = Some(g.clone());
+        Ok(g)
+    }
+
+    fn lock_overlap(&self) -> Result<Option<MutexGuard<'_, ParamGather>>> {
+        match &self.overlap {
+            None => Ok(None),
+            Some(g) => Ok(Some(g.lock().map_err(|_| anyhow!("the parameter all-gather state was poisoned"))?)),
+        }
     }
 
     /// fp32 values this rank's optimizer holds (the moments of its shard).
@@ -153,12 +188,18 @@ impl Optimizer for DistributedOptimizer {
 
     /// Expects the gradients reduce-scattered (valid on this rank's ranges) and clipped.
     fn step(&mut self, params: &mut [&mut Param], lr: f64, weight_decay: f64, backend: &dyn Backend) -> Result<()> {
+        // Overlap: the previous step's gathers must have landed before the main params are read.
+        if let Some(mut g) = self.lock_overlap()? {
+            g.finish(params)?;
+        }
         self.steps += 1;
         let index: HashMap<String, usize> = params.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
         let find = |name: &str| {
             index.get(name).copied().ok_or_else(|| anyhow!("the distributed optimizer has no parameter `{name}` now"))
         };
-        for b in 0..self.buckets.len() {
+        // Forward order (the reducer's buckets are in backward order): with overlap the first
+        // layers' gathers start first. Buckets are independent, so the order changes no bits.
+        for b in (0..self.buckets.len()).rev() {
             let per = self.per(b);
             let mut local = vec![0f32; per];
             for seg in &mut self.segments[b] {
@@ -184,6 +225,10 @@ impl Optimizer for DistributedOptimizer {
                 };
                 backend.adam_step(&mut main, &g, m, v, spec)?;
                 local[seg.shard_offset..seg.shard_offset + seg.len].copy_from_slice(&host(backend, &main, "params")?);
+            }
+            if let Some(mut g) = self.lock_overlap()? {
+                g.launch(b, local)?; // written by the next forward's pre-hooks
+                continue;
             }
             // Every rank's updated range back into the full parameters.
             let full = self.gather(b, local, backend)?;

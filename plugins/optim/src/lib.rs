@@ -15,6 +15,7 @@ mod lr_schedule;
 mod lr_state;
 mod lr_styles;
 mod mixed_precision;
+mod param_gather;
 mod sgd;
 mod state_tensors;
 
@@ -28,6 +29,7 @@ pub use lr_flags::{lr_schedule_config_from_flags, LrFlags};
 pub use lr_schedule::{LrScheduleConfig, MegatronLrScheduler};
 pub use lr_styles::{DecayStyle, WdIncrStyle, WsdDecayStyle};
 pub use mixed_precision::{take_main_params, MixedPrecisionOptimizer, MAIN_PARAM};
+pub use param_gather::ParamGather;
 pub use sgd::{Sgd, SgdConfig};
 
 /// The name the driver was first promised; it converts sample-based flags too.

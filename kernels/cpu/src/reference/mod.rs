@@ -8,6 +8,7 @@
 
 mod activation;
 mod attention;
+mod attention_block;
 mod cross_attention;
 mod kv_cache;
 mod loss;
@@ -17,6 +18,7 @@ mod padded_attention;
 
 pub use activation::*;
 pub use attention::*;
+pub use attention_block::*;
 pub use cross_attention::*;
 pub use kv_cache::*;
 pub use loss::*;
