@@ -40,6 +40,9 @@ pub struct ServeBenchArgs {
     /// Slots (continuous) / prompts per batch (static).
     #[arg(long, default_value_t = 16)]
     pub max_batch_size: usize,
+    /// Prompt tokens the continuous engine prefills per step at most (0 = no limit).
+    #[arg(long, default_value_t = megatron_serving::engine::PREFILL_TOKENS)]
+    pub prefill_tokens: usize,
     /// Also run the OpenAI streaming protocol against the continuous server (TTFT, ITL).
     #[arg(long)]
     pub stream: bool,
@@ -92,8 +95,8 @@ pub fn run(args: &ServeBenchArgs, registry: &Registry) -> Result<()> {
         timeout: Duration::from_secs(args.timeout.max(1)),
     };
     println!(
-        "bench serve: preset {}, {} clients x {} requests, prompt {:?}, output {:?} tokens, max batch {}",
-        args.preset, w.clients, w.requests_per_client, w.prompt_len, w.output_len, args.max_batch_size
+        "bench serve: preset {}, {} clients x {} requests, prompt {:?}, output {:?} tokens, max batch {}, prefill tokens {}",
+        args.preset, w.clients, w.requests_per_client, w.prompt_len, w.output_len, args.max_batch_size, args.prefill_tokens
     );
     let mut results: Vec<(String, Value)> = Vec::new();
     for &mode in &args.batching {
@@ -111,6 +114,7 @@ pub fn run(args: &ServeBenchArgs, registry: &Registry) -> Result<()> {
                 engine: megatron_serving::EngineConfig {
                     max_batch_size: args.max_batch_size,
                     queue_limit: w.clients * 2,
+                    prefill_tokens: args.prefill_tokens,
                     ..Default::default()
                 },
                 ..ServeOptions::default()
