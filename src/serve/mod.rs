@@ -7,6 +7,7 @@ pub mod continuous;
 pub mod ranks;
 pub mod request;
 pub mod server;
+mod static_batch;
 
 use crate::generate::{load_model, LoadArgs};
 use anyhow::Result;
