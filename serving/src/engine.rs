@@ -179,7 +179,30 @@ pub struct EngineStats {
     pub finished: AtomicUsize,
     /// Sequences ended early by their submitter (disconnects, stop strings).
     pub cancelled: AtomicUsize,
+    /// Decode steps and the rows they advanced.
     pub steps: AtomicUsize,
+    pub decode_rows: AtomicUsize,
+    /// Prefill model calls, the prompt tokens they fed and the padding they computed.
+    pub prefill_calls: AtomicUsize,
+    pub prefill_tokens: AtomicUsize,
+    pub padding_tokens: AtomicUsize,
+    /// Where the loop's time went (microseconds): prefill and decode model calls, sampling.
+    pub prefill_us: AtomicUsize,
+    pub decode_us: AtomicUsize,
+    pub sample_us: AtomicUsize,
+}
+
+impl EngineStats {
+    /// The work counters as JSON (`/health`, `megatron bench serve`).
+    pub fn profile(&self) -> serde_json::Value {
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "decode_steps": g(&self.steps), "decode_rows": g(&self.decode_rows), "decode_ms": g(&self.decode_us) / 1000,
+            "prefill_calls": g(&self.prefill_calls), "prefill_tokens": g(&self.prefill_tokens),
+            "padding_tokens": g(&self.padding_tokens), "prefill_ms": g(&self.prefill_us) / 1000,
+            "sample_ms": g(&self.sample_us) / 1000,
+        })
+    }
 }
 
 /// Why a submit was refused.

@@ -313,6 +313,7 @@ fn route(req: &Request, ctx: &HttpContext, alive: &dyn Fn() -> bool) -> (u16, Va
                 v["slots"] = json!(api.engine.slots);
                 v["finished"] = json!(s.finished.load(Ordering::SeqCst));
                 v["cancelled"] = json!(s.cancelled.load(Ordering::SeqCst));
+                v["engine"] = s.profile();
             }
             (200, v, None)
         }

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// An in-flight sequence in its slot.
 pub(super) struct Seq {
@@ -212,7 +212,14 @@ impl Engine {
             let slots: Vec<usize> = call.rows.iter().map(|c| c.slot).collect();
             let valid: Vec<usize> = call.rows.iter().map(|c| c.len).collect();
             let call_in = SlotCall { tokens: &tokens, slots: &slots, valid: &valid, pick: &pick };
-            let logits = match self.forward(model, &call_in) {
+            let real: usize = valid.iter().sum();
+            self.stats.prefill_calls.fetch_add(1, Ordering::Relaxed);
+            self.stats.prefill_tokens.fetch_add(real, Ordering::Relaxed);
+            self.stats.padding_tokens.fetch_add(b * tq - real, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let result = self.forward(model, &call_in);
+            self.stats.prefill_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
+            let logits = match result {
                 Ok(l) => l,
                 Err(e) => {
                     self.fail(&slots, &e);
@@ -297,7 +304,11 @@ impl Engine {
             let all: Vec<usize> = (0..group.len()).collect();
             let ones = vec![1; group.len()];
             let call = SlotCall { tokens: &tokens, slots: &group, valid: &ones, pick: &all };
-            match self.forward(model, &call) {
+            self.stats.decode_rows.fetch_add(group.len(), Ordering::Relaxed);
+            let t0 = Instant::now();
+            let result = self.forward(model, &call);
+            self.stats.decode_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
+            match result {
                 Ok(logits) => {
                     for (i, &slot) in group.iter().enumerate() {
                         if let Some(seq) = self.slots[slot].take() {
@@ -322,7 +333,13 @@ impl Engine {
 
     /// Samples `seq`'s next token from `raw` (its true-vocabulary logits), reports it, and puts
     /// the sequence back into `slot` unless it is done.
-    fn emit(&mut self, slot: usize, mut seq: Seq, raw: &[f32]) {
+    fn emit(&mut self, slot: usize, seq: Seq, raw: &[f32]) {
+        let t0 = Instant::now();
+        self.emit_token(slot, seq, raw);
+        self.stats.sample_us.fetch_add(t0.elapsed().as_micros() as usize, Ordering::Relaxed);
+    }
+
+    fn emit_token(&mut self, slot: usize, mut seq: Seq, raw: &[f32]) {
         let r = &seq.sub.req;
         let forbid = r.prevent_newline_after.is_some_and(|c| seq.last == c) && (EOL as usize) < raw.len();
         let token = if forbid {
