@@ -1,14 +1,18 @@
-//! Continuous (in-flight) batching: ONE decode loop on the model thread over a slotted kv cache
+//! Continuous (in-flight) batching: ONE loop on the model thread over a slotted kv cache
 //! ([`megatron_gpt::SlotKvCache`]), one slot per in-flight sequence.
 //!
-//! Between two decode steps the loop retires sequences that finished (a stop token, their
-//! `max_tokens`) or were cancelled (a client that went away, a stop string found by the HTTP
-//! side), and admits queued sequences into the freed slots: each is prefilled alone into its
-//! slot and samples its first token, then joins the shared decode step, where every active
-//! sequence advances by one token at its own position. Every sequence keeps its own sampling
-//! settings and its own seeded generator, so its tokens depend only on its prompt, settings
-//! and seed — not on which sequences share its steps (the CPU kernels compute each row in a
-//! fixed order independent of the batch; `tests/serve_continuous.rs` checks it).
+//! Each step the loop retires sequences that finished (a stop token, their `max_tokens`) or
+//! were cancelled (a client that went away, a stop string found by the HTTP side), admits
+//! queued sequences into the freed slots, feeds prompt tokens of the sequences still being
+//! prefilled — several prompts per model call, a long prompt in chunks over several steps, at
+//! most [`EngineConfig::prefill_tokens`] per step ([`prefill`]) — and runs the shared decode
+//! step, where every sequence whose prompt is in advances by one token at its own position. A
+//! sequence samples its first token from the logits of its last prompt token. Every sequence
+//! keeps its own sampling settings and its own seeded generator, so its tokens depend only on
+//! its prompt, settings and seed — not on which sequences share its calls or how its prompt
+//! was chunked (padding never reaches a real token, and each row's arithmetic does not depend
+//! on the others: only the last bits of a log-prob may change with a call's row count, through
+//! the GEMM's blocking; `tests/serve_continuous.rs` and `tests/serve_prefill.rs` check it).
 //!
 //! Back-pressure: the queue in front of the loop is bounded ([`EngineConfig::queue_limit`]);
 //! [`EngineHandle::submit`] refuses instead of growing it (the server answers 429), and the
@@ -22,16 +26,18 @@
 //! on global rank 0 and drives the other ranks ([`crate::ranks`]): each model call is first
 //! broadcast to them, and the logits come back to this rank; nothing else changes.
 
-use crate::ranks::{Driver, Plan};
-use crate::sampling::{log_prob, sample, SamplingParams};
+pub mod prefill;
+mod run;
+
+pub use run::Engine;
+
+use crate::ranks::Driver;
+use crate::sampling::SamplingParams;
 use anyhow::{bail, Result};
 use megatron_gpt::{GptModel, SlotKvCache};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// GPT-2's `\n` and `\n\n` ids (the eol rules of SPEC §8.1 are defined on GPT-2 ids).
 pub const EOL: i32 = 198;
@@ -145,11 +151,23 @@ pub struct EngineConfig {
     pub queue_limit: usize,
     /// Tokens per slot (prompt + generated); 0 = the model's max_position_embeddings.
     pub slot_capacity: usize,
+    /// Prompt tokens prefilled per step at most (a longer prompt is fed in chunks, with the
+    /// running sequences' decode steps in between); 0 = no limit.
+    pub prefill_tokens: usize,
 }
+
+/// Default of [`EngineConfig::prefill_tokens`].
+pub const PREFILL_TOKENS: usize = 256;
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch_size: 16, kv_cache_budget: None, queue_limit: 64, slot_capacity: 0 }
+        EngineConfig {
+            max_batch_size: 16,
+            kv_cache_budget: None,
+            queue_limit: 64,
+            slot_capacity: 0,
+            prefill_tokens: PREFILL_TOKENS,
+        }
     }
 }
 
@@ -161,7 +179,30 @@ pub struct EngineStats {
     pub finished: AtomicUsize,
     /// Sequences ended early by their submitter (disconnects, stop strings).
     pub cancelled: AtomicUsize,
+    /// Decode steps and the rows they advanced.
     pub steps: AtomicUsize,
+    pub decode_rows: AtomicUsize,
+    /// Prefill model calls, the prompt tokens they fed and the padding they computed.
+    pub prefill_calls: AtomicUsize,
+    pub prefill_tokens: AtomicUsize,
+    pub padding_tokens: AtomicUsize,
+    /// Where the loop's time went (microseconds): prefill and decode model calls, sampling.
+    pub prefill_us: AtomicUsize,
+    pub decode_us: AtomicUsize,
+    pub sample_us: AtomicUsize,
+}
+
+impl EngineStats {
+    /// The work counters as JSON (`/health`, `megatron bench serve`).
+    pub fn profile(&self) -> serde_json::Value {
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "decode_steps": g(&self.steps), "decode_rows": g(&self.decode_rows), "decode_ms": g(&self.decode_us) / 1000,
+            "prefill_calls": g(&self.prefill_calls), "prefill_tokens": g(&self.prefill_tokens),
+            "padding_tokens": g(&self.padding_tokens), "prefill_ms": g(&self.prefill_us) / 1000,
+            "sample_ms": g(&self.sample_us) / 1000,
+        })
+    }
 }
 
 /// Why a submit was refused.
@@ -200,29 +241,6 @@ impl EngineHandle {
     }
 }
 
-/// An in-flight sequence in its slot.
-struct Seq {
-    sub: Submit,
-    rng: ChaCha8Rng,
-    top_p: f32,
-    /// The last token (fed to the next step) and the one before it (eol rules).
-    last: i32,
-    prev: i32,
-    generated: usize,
-}
-
-/// The loop's state: the queue's receiving end, the cache and its slots.
-pub struct Engine {
-    rx: Receiver<Submit>,
-    cache: SlotKvCache,
-    slots: Vec<Option<Seq>>,
-    vocab: usize,
-    rope: bool,
-    stats: Arc<EngineStats>,
-    /// Model-parallel serving: the other ranks follow this loop's model calls.
-    driver: Option<Driver>,
-}
-
 /// Builds the loop for `model` (whose true vocabulary is `vocab_size`) and its handle: the
 /// slot count is `max_batch_size`, lowered to what `kv_cache_budget` holds (an error if not
 /// even one slot fits).
@@ -246,243 +264,18 @@ pub fn engine(model: &GptModel, vocab_size: usize, cfg: &EngineConfig) -> Result
     let stats = Arc::new(EngineStats::default());
     let handle =
         EngineHandle { tx, slots, slot_capacity: capacity, queue_limit: cfg.queue_limit.max(1), stats: stats.clone() };
-    let vocab = vocab_size.min(model.padded_vocab_size());
-    let rope = model.config().uses_rope();
-    let driver = Driver::for_model(model)?;
-    let slots = (0..slots).map(|_| None).collect();
-    Ok((handle, Engine { rx, cache, slots, vocab, rope, stats, driver }))
-}
-
-impl Engine {
-    /// Runs until `stop` is set or every handle is dropped (and nothing is in flight).
-    /// With a model-parallel model the followers are told to stop when it returns.
-    pub fn run(mut self, model: &mut GptModel, stop: &AtomicBool) {
-        if let Some(d) = self.driver.as_mut() {
-            let init = Plan::Init { slots: self.cache.slots(), capacity: self.cache.capacity() };
-            if let Err(e) = d.send(model, &init) {
-                eprintln!("serving engine: the model-parallel ranks did not start: {e:#}");
-                return;
-            }
-        }
-        self.run_loop(model, stop);
-        if let Some(d) = self.driver.as_mut() {
-            d.stop(model);
-        }
-    }
-
-    fn run_loop(&mut self, model: &mut GptModel, stop: &AtomicBool) {
-        loop {
-            if stop.load(Ordering::SeqCst) {
-                self.cancel_all("the server is shutting down");
-                return;
-            }
-            if let Some(d) = self.driver.as_mut() {
-                if let Err(e) = d.heartbeat(model) {
-                    eprintln!("serving engine: a model-parallel rank failed: {e:#}");
-                    self.cancel_all("a model-parallel rank failed");
-                    return;
-                }
-            }
-            if self.active() == 0 {
-                match self.rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(s) => self.admit(model, s),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-            }
-            while self.slots.iter().any(Option::is_none) {
-                match self.rx.try_recv() {
-                    Ok(s) => self.admit(model, s),
-                    Err(_) => break,
-                }
-            }
-            self.step(model);
-        }
-    }
-
-    /// Sequences in slots.
-    pub fn active(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
-    }
-
-    fn cancel_all(&mut self, why: &str) {
-        for slot in 0..self.slots.len() {
-            if let Some(seq) = self.slots[slot].take() {
-                let _ = seq.sub.send(Event::Error(why.to_string()));
-                self.cache.free(slot);
-            }
-        }
-        self.stats.active.store(0, Ordering::SeqCst);
-    }
-
-    /// Prefills `s` into a free slot and samples its first token (or answers an error).
-    pub fn admit(&mut self, model: &mut GptModel, s: Submit) {
-        self.stats.queued.fetch_sub(1, Ordering::SeqCst);
-        if s.cancel.load(Ordering::SeqCst) {
-            let _ = s.send(Event::Done(Finish::Cancelled));
-            return;
-        }
-        let Some(slot) = self.slots.iter().position(Option::is_none) else {
-            let _ = s.send(Event::Error("no free kv cache slot (engine bug)".into()));
-            return;
-        };
-        let r = &s.req;
-        let need = r.prompt.len() + r.max_tokens;
-        if r.prompt.is_empty() || need > self.cache.capacity() {
-            let msg = format!(
-                "prompt of {} tokens + max_tokens {} = {need} exceeds the {} tokens of a kv cache slot",
-                r.prompt.len(),
-                r.max_tokens,
-                self.cache.capacity()
-            );
-            let _ = s.send(Event::Error(if r.prompt.is_empty() { "empty prompt".into() } else { msg }));
-            return;
-        }
-        self.cache.free(slot);
-        let logits = match self.forward(model, &r.prompt, &[slot]) {
-            Ok(l) => l,
-            Err(e) => {
-                self.cache.free(slot);
-                let _ = s.send(Event::Error(format!("{e:#}")));
-                return;
-            }
-        };
-        let vp = model.padded_vocab_size();
-        let n = r.prompt.len();
-        if r.prompt_logprobs {
-            let row = |p: usize| &logits[p * vp..p * vp + self.vocab];
-            let lps = (1..n).map(|p| log_prob(row(p - 1), r.prompt[p] as usize)).collect();
-            let top = (1..n).map(|p| top_logprobs(row(p - 1), r.top_logprobs)).collect();
-            let _ = s.send(Event::Prompt { logprobs: lps, top });
-        }
-        let seq = Seq {
-            rng: ChaCha8Rng::seed_from_u64(r.seed),
-            top_p: r.sampling.top_p,
-            last: r.prompt[n - 1],
-            prev: if n >= 2 { r.prompt[n - 2] } else { -1 },
-            generated: 0,
-            sub: s,
-        };
-        if seq.sub.req.max_tokens == 0 {
-            self.cache.free(slot);
-            let _ = seq.sub.send(Event::Done(Finish::Length));
-            self.stats.finished.fetch_add(1, Ordering::SeqCst);
-            return;
-        }
-        let last_row = logits[(n - 1) * vp..(n - 1) * vp + self.vocab].to_vec();
-        self.emit(slot, seq, &last_row);
-        self.stats.active.store(self.active(), Ordering::SeqCst);
-    }
-
-    /// One decode step of every active sequence (cancelled ones are retired first).
-    pub fn step(&mut self, model: &mut GptModel) {
-        for slot in 0..self.slots.len() {
-            if self.slots[slot].as_ref().is_some_and(|q| q.sub.cancel.load(Ordering::SeqCst)) {
-                if let Some(seq) = self.slots[slot].take() {
-                    let _ = seq.sub.send(Event::Done(Finish::Cancelled));
-                }
-                self.stats.cancelled.fetch_add(1, Ordering::SeqCst);
-                self.retire(slot);
-            }
-        }
-        let mut rows: Vec<usize> =
-            (0..self.slots.len()).filter(|&s| self.slots[s].as_ref().is_some_and(|q| !q.sub.behind())).collect();
-        if rows.is_empty() {
-            // The last sequences were cancelled: /health must show the freed slots now (the
-            // idle loop does not step again until a request arrives).
-            self.stats.active.store(self.active(), Ordering::SeqCst);
-            if self.active() > 0 {
-                // Every sequence waits for its consumer: do not spin.
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            return;
-        }
-        self.stats.steps.fetch_add(1, Ordering::SeqCst);
-        // Rotary positions are per call: group the rows by cached length (one group otherwise).
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        if self.rope {
-            rows.sort_by_key(|&s| (self.cache.len(s), s));
-            for s in rows {
-                match groups.last_mut() {
-                    Some(g) if self.cache.len(g[0]) == self.cache.len(s) => g.push(s),
-                    _ => groups.push(vec![s]),
-                }
-            }
-        } else {
-            groups.push(rows);
-        }
-        let vp = model.padded_vocab_size();
-        for group in groups {
-            let tokens: Vec<i32> = group.iter().map(|&s| self.slots[s].as_ref().map_or(0, |q| q.last)).collect();
-            match self.forward(model, &tokens, &group) {
-                Ok(logits) => {
-                    for (i, &slot) in group.iter().enumerate() {
-                        if let Some(seq) = self.slots[slot].take() {
-                            self.emit(slot, seq, &logits[i * vp..i * vp + self.vocab]);
-                        }
-                    }
-                }
-                Err(e) => {
-                    for &slot in &group {
-                        if let Some(seq) = self.slots[slot].take() {
-                            let _ = seq.sub.send(Event::Error(format!("{e:#}")));
-                        }
-                        self.retire(slot);
-                    }
-                }
-            }
-        }
-        self.stats.active.store(self.active(), Ordering::SeqCst);
-    }
-
-    /// Samples `seq`'s next token from `raw` (its true-vocabulary logits), reports it, and puts
-    /// the sequence back into `slot` unless it is done.
-    fn emit(&mut self, slot: usize, mut seq: Seq, raw: &[f32]) {
-        let r = &seq.sub.req;
-        let forbid = r.prevent_newline_after.is_some_and(|c| seq.last == c) && (EOL as usize) < raw.len();
-        let token = if forbid {
-            let mut l = raw.to_vec();
-            l[EOL as usize] = -1e10;
-            sample(&l, &r.sampling, seq.top_p, &mut seq.rng)
-        } else {
-            sample(raw, &r.sampling, seq.top_p, &mut seq.rng)
-        } as i32;
-        seq.top_p = r.sampling.decayed_top_p(seq.top_p);
-        seq.generated += 1;
-        let ev =
-            Event::Token { id: token, logprob: log_prob(raw, token as usize), top: top_logprobs(raw, r.top_logprobs) };
-        let stop = r.stop_tokens.contains(&token)
-            || (r.stop_on_double_eol && (token == DOUBLE_EOL || (token == EOL && seq.last == EOL)))
-            || (r.stop_on_eol && !r.stop_on_double_eol && (token == EOL || token == DOUBLE_EOL));
-        let length = seq.generated >= r.max_tokens;
-        if seq.sub.send(ev).is_err() {
-            self.stats.cancelled.fetch_add(1, Ordering::SeqCst);
-            self.retire(slot); // nobody listens any more
-            return;
-        }
-        if stop || length {
-            let _ = seq.sub.send(Event::Done(if stop { Finish::Stop } else { Finish::Length }));
-            self.retire(slot);
-            return;
-        }
-        seq.prev = seq.last;
-        seq.last = token;
-        self.slots[slot] = Some(seq);
-    }
-
-    /// One model call: on this rank alone, or broadcast to the followers first.
-    fn forward(&mut self, model: &mut GptModel, tokens: &[i32], slots: &[usize]) -> Result<Vec<f32>> {
-        match self.driver.as_mut() {
-            Some(d) => d.forward(model, tokens, slots, &mut self.cache),
-            None => model.forward_slots(tokens, slots, &mut self.cache),
-        }
-    }
-
-    fn retire(&mut self, slot: usize) {
-        self.slots[slot] = None;
-        self.cache.free(slot);
-        self.stats.finished.fetch_add(1, Ordering::SeqCst);
-    }
+    let eng = Engine {
+        rx,
+        cache,
+        slots: (0..slots).map(|_| None).collect(),
+        vocab: vocab_size.min(model.padded_vocab_size()),
+        rope: model.config().uses_rope(),
+        stats,
+        driver: Driver::for_model(model)?,
+        prefill_tokens: if cfg.prefill_tokens == 0 { usize::MAX } else { cfg.prefill_tokens },
+        admitted: 0,
+    };
+    Ok((handle, eng))
 }
 
 /// The `k` most likely tokens of `logits` with their log-probabilities (ties: lower id first).
@@ -503,6 +296,7 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> TopLogprobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::log_prob;
 
     #[test]
     fn top_logprobs_are_sorted_log_softmax() {

@@ -19,7 +19,7 @@
 
 use anyhow::{bail, Context, Result};
 use megatron_core::{DType, HostBuffer, ParallelContext};
-use megatron_gpt::{GptModel, SlotKvCache};
+use megatron_gpt::{GptModel, SlotCall, SlotKvCache};
 use std::time::{Duration, Instant};
 
 /// Longest the driver stays silent while idle.
@@ -30,8 +30,8 @@ pub const HEARTBEAT: Duration = Duration::from_millis(500);
 pub enum Plan {
     /// Make a slotted cache of `slots` slots of `capacity` tokens (sent once, first).
     Init { slots: usize, capacity: usize },
-    /// `forward_slots(tokens, slots)`, row `r` having `offsets[r]` tokens cached.
-    Forward { slots: Vec<usize>, offsets: Vec<usize>, tokens: Vec<i32> },
+    /// `forward_slots_with(tokens, slots, valid, pick)`, row `r` having `offsets[r]` tokens cached.
+    Forward { slots: Vec<usize>, offsets: Vec<usize>, tokens: Vec<i32>, valid: Vec<usize>, pick: Vec<usize> },
     /// Nothing to do (keeps the followers' waits short of the timeout).
     Idle,
     /// The server is shutting down.
@@ -39,38 +39,46 @@ pub enum Plan {
 }
 
 impl Plan {
-    /// `[kind, a, b]` and the payload: `slots ++ offsets ++ tokens` for a forward.
-    fn encode(&self) -> ([i32; 3], Vec<i32>) {
+    /// `[kind, a, b, c]` and the payload: `slots ++ offsets ++ valid ++ tokens ++ pick` for a
+    /// forward (`[1, B, Tq, picked]`).
+    fn encode(&self) -> ([i32; 4], Vec<i32>) {
         match self {
-            Plan::Init { slots, capacity } => ([0, *slots as i32, *capacity as i32], Vec::new()),
-            Plan::Forward { slots, offsets, tokens } => {
-                let payload = slots.iter().chain(offsets).map(|&v| v as i32).chain(tokens.iter().copied()).collect();
-                ([1, slots.len() as i32, (tokens.len() / slots.len().max(1)) as i32], payload)
+            Plan::Init { slots, capacity } => ([0, *slots as i32, *capacity as i32, 0], Vec::new()),
+            Plan::Forward { slots, offsets, tokens, valid, pick } => {
+                let ids = |v: &[usize]| v.iter().map(|&x| x as i32).collect::<Vec<_>>();
+                let payload = [ids(slots), ids(offsets), ids(valid), tokens.clone(), ids(pick)].concat();
+                ([1, slots.len() as i32, (tokens.len() / slots.len().max(1)) as i32, pick.len() as i32], payload)
             }
-            Plan::Idle => ([2, 0, 0], Vec::new()),
-            Plan::Stop => ([3, 0, 0], Vec::new()),
+            Plan::Idle => ([2, 0, 0, 0], Vec::new()),
+            Plan::Stop => ([3, 0, 0, 0], Vec::new()),
         }
     }
 
-    fn payload_len(header: [i32; 3]) -> usize {
+    fn payload_len(header: [i32; 4]) -> usize {
         match header {
-            [1, b, tq] => (b.max(0) as usize) * (2 + tq.max(0) as usize),
+            [1, b, tq, picked] => (b.max(0) as usize) * (3 + tq.max(0) as usize) + picked.max(0) as usize,
             _ => 0,
         }
     }
 
-    fn decode(header: [i32; 3], payload: &[i32]) -> Result<Plan> {
+    fn decode(header: [i32; 4], payload: &[i32]) -> Result<Plan> {
         Ok(match header {
-            [0, slots, capacity] => Plan::Init { slots: slots as usize, capacity: capacity as usize },
-            [1, b, _] => {
-                let b = b as usize;
-                let (head, tokens) = payload.split_at(2 * b);
-                let slots = head[..b].iter().map(|&v| v as usize).collect();
-                let offsets = head[b..].iter().map(|&v| v as usize).collect();
-                Plan::Forward { slots, offsets, tokens: tokens.to_vec() }
+            [0, slots, capacity, _] => Plan::Init { slots: slots as usize, capacity: capacity as usize },
+            [1, b, tq, _] => {
+                let (b, tq) = (b as usize, tq as usize);
+                let ids = |v: &[i32]| v.iter().map(|&x| x as usize).collect::<Vec<_>>();
+                let (head, rest) = payload.split_at(3 * b);
+                let (tokens, pick) = rest.split_at(b * tq);
+                Plan::Forward {
+                    slots: ids(&head[..b]),
+                    offsets: ids(&head[b..2 * b]),
+                    valid: ids(&head[2 * b..]),
+                    tokens: tokens.to_vec(),
+                    pick: ids(pick),
+                }
             }
-            [2, _, _] => Plan::Idle,
-            [3, _, _] => Plan::Stop,
+            [2, ..] => Plan::Idle,
+            [3, ..] => Plan::Stop,
             other => bail!("unknown serving plan header {other:?} (ranks out of step)"),
         })
     }
@@ -80,12 +88,12 @@ impl Plan {
 fn broadcast(model: &GptModel, plan: Option<&Plan>) -> Result<Plan> {
     let ctx = model.parallel_context();
     let bk = model.backend();
-    let (header, payload) = plan.map_or(([0; 3], Vec::new()), Plan::encode);
-    let mut h = bk.from_host(HostBuffer::I32(header.to_vec()), &[3])?;
+    let (header, payload) = plan.map_or(([0; 4], Vec::new()), Plan::encode);
+    let mut h = bk.from_host(HostBuffer::I32(header.to_vec()), &[4])?;
     ctx.comm.broadcast(&ctx.world_group, &mut h, 0).context("broadcasting the serving plan")?;
     let got = bk.to_host(&h)?;
     let HostBuffer::I32(g) = got else { bail!("serving plan header came back as {:?}", got.dtype()) };
-    let header = [g[0], g[1], g[2]];
+    let header = [g[0], g[1], g[2], g[3]];
     let n = Plan::payload_len(header);
     if n == 0 {
         return Plan::decode(header, &[]);
@@ -143,17 +151,18 @@ impl Driver {
         let _ = self.send(model, &Plan::Stop);
     }
 
-    /// Runs `forward_slots` on every rank; the driver gets the logits.
-    pub fn forward(
-        &mut self,
-        model: &mut GptModel,
-        tokens: &[i32],
-        slots: &[usize],
-        cache: &mut SlotKvCache,
-    ) -> Result<Vec<f32>> {
-        let offsets = slots.iter().map(|&s| cache.len(s)).collect();
-        self.send(model, &Plan::Forward { slots: slots.to_vec(), offsets, tokens: tokens.to_vec() })?;
-        model.forward_slots(tokens, slots, cache)
+    /// Runs `forward_slots_with` on every rank; the driver gets the logits.
+    pub fn forward(&mut self, model: &mut GptModel, call: &SlotCall, cache: &mut SlotKvCache) -> Result<Vec<f32>> {
+        let offsets = call.slots.iter().map(|&s| cache.len(s)).collect();
+        let plan = Plan::Forward {
+            slots: call.slots.to_vec(),
+            offsets,
+            tokens: call.tokens.to_vec(),
+            valid: call.valid.to_vec(),
+            pick: call.pick.to_vec(),
+        };
+        self.send(model, &plan)?;
+        model.forward_slots_with(call, cache)
     }
 }
 
@@ -177,7 +186,7 @@ fn follow_plans(model: &mut GptModel) -> Result<()> {
     loop {
         match broadcast(model, None)? {
             Plan::Init { slots, capacity } => cache = Some(model.new_slot_kv_cache(slots, capacity)?),
-            Plan::Forward { slots, offsets, tokens } => {
+            Plan::Forward { slots, offsets, tokens, valid, pick } => {
                 let Some(cache) = cache.as_mut() else { bail!("a forward plan came before the cache was made") };
                 for (&s, &o) in slots.iter().zip(&offsets) {
                     if s >= cache.slots() {
@@ -191,7 +200,10 @@ fn follow_plans(model: &mut GptModel) -> Result<()> {
                 }
                 // A failed call fails the same way on the driver (same checks, same inputs), or
                 // leaves a collective the driver waits in: then the abort above releases it.
-                model.forward_slots(&tokens, &slots, cache)?;
+                model.forward_slots_with(
+                    &SlotCall { tokens: &tokens, slots: &slots, valid: &valid, pick: &pick },
+                    cache,
+                )?;
             }
             Plan::Idle => {}
             Plan::Stop => return Ok(()),
@@ -207,7 +219,13 @@ mod tests {
     fn plans_round_trip() {
         let plans = [
             Plan::Init { slots: 4, capacity: 128 },
-            Plan::Forward { slots: vec![2, 0], offsets: vec![5, 0], tokens: vec![7, 8, 9, 10] },
+            Plan::Forward {
+                slots: vec![2, 0],
+                offsets: vec![5, 0],
+                tokens: vec![7, 8, 9, 10],
+                valid: vec![2, 1],
+                pick: vec![1, 2],
+            },
             Plan::Idle,
             Plan::Stop,
         ];
@@ -216,6 +234,6 @@ mod tests {
             assert_eq!(Plan::payload_len(h), payload.len());
             assert_eq!(Plan::decode(h, &payload).unwrap(), p);
         }
-        assert!(Plan::decode([9, 0, 0], &[]).is_err());
+        assert!(Plan::decode([9, 0, 0, 0], &[]).is_err());
     }
 }

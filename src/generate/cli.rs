@@ -3,7 +3,7 @@
 //! printed when done).
 
 use super::engine::{GenerationParams, Generator};
-use super::loader::{load_model, LoadArgs};
+use super::loader::{load_model, LoadArgs, LoadedModel};
 use super::sampling::SamplingParams;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -50,6 +50,14 @@ pub struct GenerateArgs {
     /// A Jinja chat template file (default: the tokenizer's `chat_template`).
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+    /// Ranks as threads of this process (= tensor x pipeline parallel size): rank 0 generates,
+    /// the others make its model calls on their shards. Same tokens as one rank.
+    #[arg(long, default_value_t = 1)]
+    pub nproc: usize,
+    #[arg(long, default_value_t = 1)]
+    pub tensor_model_parallel_size: usize,
+    #[arg(long, default_value_t = 1)]
+    pub pipeline_model_parallel_size: usize,
 }
 
 /// Checks the sampling flags with the server's rules (SPEC §8.1).
@@ -76,12 +84,23 @@ pub fn sampling_from(temperature: f32, top_k: usize, top_p: f32) -> Result<Sampl
 }
 
 pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
+    let parallel = args.nproc * args.tensor_model_parallel_size * args.pipeline_model_parallel_size > 1;
     #[cfg(feature = "t5")]
     if super::t5::is_t5_checkpoint(&args.load) {
+        if parallel {
+            bail!(
+                "--nproc/--tensor-model-parallel-size/--pipeline-model-parallel-size: T5 generation runs on one rank"
+            );
+        }
         return super::t5::run(args, registry);
     }
     #[cfg(feature = "hybrid")]
     if super::hybrid::is_hybrid_checkpoint(&args.load) {
+        if parallel {
+            bail!(
+                "--nproc/--tensor-model-parallel-size/--pipeline-model-parallel-size: hybrid generation runs on one rank"
+            );
+        }
         return super::hybrid::run(args, registry);
     }
     let prompts: Vec<String> = match (&args.prompt, &args.prompts_file) {
@@ -98,7 +117,22 @@ pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
         bail!("--prompts-file has no non-empty line");
     }
     let sampling = sampling_from(args.temperature, args.top_k, args.top_p)?;
-    let mut loaded = load_model(registry, &args.load)?;
+    if !parallel {
+        let mut loaded = load_model(registry, &args.load)?;
+        return generate(args, prompts, sampling, &mut loaded);
+    }
+    let (tp, pp) = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size);
+    let (mut loaded, followers) = crate::serve::ranks::load_ranks(registry, &args.load, args.nproc, tp, pp)?;
+    super::ranks::with_followers(&mut loaded, followers, |l| generate(args, prompts, sampling, l))
+}
+
+/// Generates from `prompts` with `loaded` and prints the result.
+fn generate(
+    args: &GenerateArgs,
+    prompts: Vec<String>,
+    sampling: SamplingParams,
+    loaded: &mut LoadedModel,
+) -> Result<()> {
     let tok = loaded.tokenizer.clone();
     let prompts = if args.chat {
         let template = super::chat::find_template(args.chat_template.as_deref(), &loaded.args)?;

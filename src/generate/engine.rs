@@ -10,7 +10,8 @@
 use super::sampling::{log_prob, sample, SamplingParams};
 use anyhow::{bail, Result};
 use megatron_core::Model;
-use megatron_gpt::GptModel;
+use megatron_gpt::{GptModel, SlotCall, SlotKvCache};
+use megatron_serving::ranks::{Driver, Plan};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -189,20 +190,41 @@ fn stops(p: &GenerationParams, token: i32, prev: i32) -> bool {
 
 /// Runs the model on positions `[from, to)` of every row: through the kv cache (which must
 /// then hold exactly `[0, from)`), or by recomputing `[0, to)` and keeping the last rows.
+/// A tensor/pipeline-parallel model (rank 0's shard) runs through a slotted cache, one slot
+/// per row, every call broadcast to the other ranks ([`megatron_serving::ranks`]): the same
+/// positions and logits as the single-rank cache.
 struct Stepper<'m> {
     model: &'m mut GptModel,
     cache: Option<megatron_gpt::KvCache>,
+    ranks: Option<(Driver, SlotKvCache)>,
 }
 
 impl<'m> Stepper<'m> {
     fn new(model: &'m mut GptModel, batch: usize, capacity: usize, use_cache: bool) -> Result<Stepper<'m>> {
+        if let Some(mut driver) = Driver::for_model(model)? {
+            if !use_cache {
+                bail!("model-parallel generation needs the kv cache; drop --no-kv-cache");
+            }
+            let cache = model.new_slot_kv_cache(batch, capacity)?;
+            driver.send(model, &Plan::Init { slots: batch, capacity })?;
+            return Ok(Stepper { model, cache: None, ranks: Some((driver, cache)) });
+        }
         let cache = if use_cache { Some(model.new_kv_cache(batch, capacity)?) } else { None };
-        Ok(Stepper { model, cache })
+        Ok(Stepper { model, cache, ranks: None })
     }
 
     /// Logits `(B, to - from, V_pad)` on the host.
     fn run(&mut self, tokens: &[Vec<i32>], from: usize, to: usize) -> Result<Vec<f32>> {
         let b = tokens.len();
+        if let Some((driver, cache)) = &mut self.ranks {
+            // Row r is slot r, which holds exactly its positions [0, from).
+            let ids: Vec<i32> = tokens.iter().flat_map(|row| row[from..to].iter().copied()).collect();
+            let slots: Vec<usize> = (0..b).collect();
+            let valid = vec![to - from; b];
+            let pick: Vec<usize> = (0..ids.len()).collect();
+            let call = SlotCall { tokens: &ids, slots: &slots, valid: &valid, pick: &pick };
+            return driver.forward(self.model, &call, cache);
+        }
         match &mut self.cache {
             Some(cache) => {
                 let ids: Vec<i32> = tokens.iter().flat_map(|row| row[from..to].iter().copied()).collect();

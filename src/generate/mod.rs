@@ -1,6 +1,6 @@
 //! Text generation: sampling ([`sampling`]), the static-batching generation loop over the GPT
-//! kv cache ([`engine`]), rebuilding a model from a checkpoint ([`loader`]) and the
-//! `megatron generate` command ([`cli`]).
+//! kv cache ([`engine`]), rebuilding a model from a checkpoint ([`loader`]), model-parallel
+//! generation ([`ranks`]) and the `megatron generate` command ([`cli`]).
 
 pub mod chat;
 pub mod cli;
@@ -8,6 +8,7 @@ pub mod engine;
 #[cfg(feature = "hybrid")]
 pub mod hybrid;
 pub mod loader;
+pub mod ranks;
 #[cfg(feature = "t5")]
 pub mod t5;
 /// Sampling lives in the serving crate (the continuous-batching engine uses it too).

@@ -7,6 +7,7 @@ pub mod continuous;
 pub mod ranks;
 pub mod request;
 pub mod server;
+mod static_batch;
 
 use crate::generate::{load_model, LoadArgs};
 use anyhow::Result;
@@ -45,6 +46,10 @@ pub struct ServeArgs {
     /// Sequences waiting for a slot at most; beyond it requests are answered 429.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
+    /// Prompt tokens the continuous engine prefills per step at most, several prompts per model
+    /// call; a longer prompt is fed in chunks with decode steps in between (0 = no limit).
+    #[arg(long, default_value_t = megatron_serving::engine::PREFILL_TOKENS)]
+    pub prefill_tokens: usize,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health (also from the
     /// MEGATRON_API_KEY environment variable). Set it whenever --host is not loopback.
     #[arg(long)]
@@ -127,6 +132,7 @@ pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
             kv_cache_budget: args.kv_cache_budget,
             queue_limit: args.max_queue,
             slot_capacity: args.max_seq_len.unwrap_or(0),
+            prefill_tokens: args.prefill_tokens,
         },
         api_key,
         model_name: model_name.clone(),

@@ -24,7 +24,7 @@ pub fn load_ranks(
     if nproc != tp * pp {
         bail!(
             "--nproc {nproc} must equal --tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp}: \
-             `megatron serve` runs one model replica (no data parallelism)"
+             serving and generation run one model replica (no data parallelism)"
         );
     }
     let grid = RankGrid::new(nproc, tp, 1, pp)?;

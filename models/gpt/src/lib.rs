@@ -28,7 +28,7 @@ pub use inference::KvCache;
 pub use model::GptModel;
 pub use param_shapes::{gpt_param_count, gpt_param_shapes};
 pub use pipeline_split::{pipeline_split, stage_layers, stage_range};
-pub use slots::SlotKvCache;
+pub use slots::{SlotCall, SlotKvCache};
 
 use megatron_core::registry::{parse_config, ConfigDe, ModelEnv};
 use megatron_core::{Factory, Model, Plugin, Result};

@@ -11,7 +11,7 @@
 
 use crate::model::GptModel;
 use anyhow::{bail, Context, Result};
-use megatron_core::{DType, DeviceTensor, HostBuffer, ParallelContext};
+use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext};
 use megatron_transformer::step::ensure_shape;
 use megatron_transformer::{linear_forward, LayerKvCache, StepInfo};
 
@@ -51,6 +51,33 @@ impl SlotKvCache {
     }
 }
 
+/// One [`GptModel::forward_slots_with`] call.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotCall<'a> {
+    /// `(B, Tq)`: row `r` continues slot `slots[r]` at position `cache.len(slots[r])`.
+    pub tokens: &'a [i32],
+    pub slots: &'a [usize],
+    /// Real tokens of each row (`≤ Tq`); the rest of the row is padding.
+    pub valid: &'a [usize],
+    /// Flat positions `r * Tq + t` (each `t < valid[r]`) whose logits are returned, in order.
+    pub pick: &'a [usize],
+}
+
+/// The rows `pick` of `hidden (B, Tq, C)` as a `(pick, C)` tensor of the same dtype.
+fn pick_rows(bk: &dyn Backend, hidden: &DeviceTensor, pick: &[usize]) -> Result<DeviceTensor> {
+    let c = hidden.shape().last().copied().unwrap_or(0);
+    let all = bk.to_host(hidden)?.to_f32_vec();
+    let rows: Vec<f32> = pick.iter().flat_map(|&p| all[p * c..(p + 1) * c].iter().copied()).collect();
+    let picked = bk.from_host(HostBuffer::F32(rows), &[pick.len(), c])?;
+    if hidden.dtype() == DType::F32 {
+        return Ok(picked);
+    }
+    // Half-precision activations: the round trip through f32 is exact.
+    let mut out = bk.zeros(&[pick.len(), c], hidden.dtype())?;
+    bk.cast(&picked, &mut out)?;
+    Ok(out)
+}
+
 impl GptModel {
     /// An empty slotted cache of `slots` requests of up to `capacity` tokens each.
     pub fn new_slot_kv_cache(&self, slots: usize, capacity: usize) -> Result<SlotKvCache> {
@@ -83,6 +110,20 @@ impl GptModel {
     /// over the TP group and sends the full logits back to the first stage. The logits are
     /// returned on the first and the last stage; the stages in between return an empty vector.
     pub fn forward_slots(&mut self, tokens: &[i32], slots: &[usize], cache: &mut SlotKvCache) -> Result<Vec<f32>> {
+        let tq = if slots.is_empty() { 0 } else { tokens.len() / slots.len() };
+        let valid = vec![tq; slots.len()];
+        let pick: Vec<usize> = (0..tokens.len()).collect();
+        self.forward_slots_with(&SlotCall { tokens, slots, valid: &valid, pick: &pick }, cache)
+    }
+
+    /// [`Self::forward_slots`] for batched and chunked prefill: rows padded at the end (only
+    /// `call.valid[r]` tokens of row `r` enter its slot) and logits `(pick, V_padded)` only for
+    /// the positions in `call.pick` (none: the output layer is skipped, e.g. a prompt chunk
+    /// that is not the last one). Padding never changes a real token's result: a token attends
+    /// only to the positions before it, and the padded keys/values past `valid` are overwritten
+    /// by the slot's next tokens before anything attends to them.
+    pub fn forward_slots_with(&mut self, call: &SlotCall, cache: &mut SlotKvCache) -> Result<Vec<f32>> {
+        let SlotCall { tokens, slots, valid, pick } = *call;
         if self.sequence_parallel() {
             bail!("kv-cache decoding does not run with --sequence-parallel; load the model without it");
         }
@@ -91,6 +132,12 @@ impl GptModel {
             bail!("{} new tokens do not split into {b} slots", tokens.len());
         }
         let tq = tokens.len() / b;
+        if valid.len() != b || valid.iter().any(|&v| v > tq) {
+            bail!("{} valid lengths for {b} rows of {tq} tokens: each row needs one, at most {tq}", valid.len());
+        }
+        if let Some(&p) = pick.iter().find(|&&p| p >= b * tq || p % tq >= valid[p / tq]) {
+            bail!("logits asked for position {p}, which is padding or outside the {b} x {tq} tokens");
+        }
         let offsets: Vec<usize> = slots
             .iter()
             .map(|&s| cache.lens.get(s).copied().ok_or_else(|| anyhow::anyhow!("slot {s} out of range")))
@@ -130,8 +177,19 @@ impl GptModel {
                 .with_context(|| format!("stage {stage}: receiving the hidden states of the previous stage"))?,
         }
         self.decoder.forward_slots(&step, &mut cache.layers, slots, &offsets)?;
-        for &s in slots {
-            cache.lens[s] += tq;
+        for (&s, &v) in slots.iter().zip(valid) {
+            cache.lens[s] += v;
+        }
+        let rows = pick.len();
+        if rows == 0 {
+            // No logits wanted: every stage skips its output layer and the logit transfers.
+            if !last {
+                self.ctx
+                    .comm
+                    .send(pp, self.decoder.output(), pp.ranks[stage + 1])
+                    .with_context(|| format!("stage {stage}: sending the hidden states to the next stage"))?;
+            }
+            return Ok(Vec::new());
         }
         if !last {
             self.ctx
@@ -142,23 +200,29 @@ impl GptModel {
                 return Ok(Vec::new());
             }
             // The first stage gets the full logits back from the last one.
-            let mut logits = bk.zeros(&[b, tq, vocab], DType::F32)?;
+            let mut logits = bk.zeros(&[rows, vocab], DType::F32)?;
             let src = *pp.ranks.last().unwrap_or(&pp.ranks[0]);
             self.ctx.comm.recv(pp, &mut logits, src).context("receiving the logits of the last stage")?;
             return Ok(bk.to_host(&logits)?.to_f32_vec());
         }
         let tp = self.ctx.tp_size();
-        ensure_shape(bk, &mut cache.logits, &[b, tq, vocab / tp])?;
+        ensure_shape(bk, &mut cache.logits, &[rows, vocab / tp])?;
         let w = match (&self.output_layer, &self.shared_embedding, &self.embedding) {
             (Some(p), _, _) | (None, Some(p), _) => &p.value,
             (None, None, Some(e)) => &e.word_embeddings.weight.value,
             (None, None, None) => bail!("pipeline stage {stage} has no output layer"),
         };
-        linear_forward(bk, self.decoder.output(), w, None, &mut cache.logits)?;
+        let hidden = self.decoder.output();
+        if pick.iter().copied().eq(0..b * tq) {
+            linear_forward(bk, hidden, w, None, &mut cache.logits)?;
+        } else {
+            let picked = pick_rows(bk, hidden, pick)?;
+            linear_forward(bk, &picked, w, None, &mut cache.logits)?;
+        }
         let local = bk.to_host(&cache.logits)?.to_f32_vec();
-        let full = if tp == 1 { local } else { self.gather_vocab(&cache.logits, b * tq)? };
+        let full = if tp == 1 { local } else { self.gather_vocab(&cache.logits, rows)? };
         if !first {
-            let t = bk.from_host(HostBuffer::F32(full.clone()), &[b, tq, vocab])?;
+            let t = bk.from_host(HostBuffer::F32(full.clone()), &[rows, vocab])?;
             self.ctx.comm.send(pp, &t, pp.ranks[0]).context("sending the logits to the first stage")?;
         }
         Ok(full)
