@@ -3,6 +3,7 @@
 //! PaLM convention) and its ratio to the backend's own fp32 GEMM rate measured in the same
 //! run, plus a per-op profile and the peak RSS. Release builds only for numbers.
 
+pub mod comm;
 mod profile;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod serve;
@@ -45,6 +46,8 @@ pub enum BenchWhat {
     #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
     /// Continuous vs static batching of `megatron serve` under concurrent loopback clients.
     Serve(serve::ServeBenchArgs),
+    /// Time and bus bandwidth of the collectives of any communicator (threads or MPI ranks).
+    Comm(comm::CommBenchArgs),
 }
 
 struct Preset {
@@ -90,6 +93,9 @@ pub fn peak_rss_mib() -> Option<f64> {
 }
 
 pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
+    if let Some(BenchWhat::Comm(a)) = &args.what {
+        return comm::run(a, registry);
+    }
     #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
     if let Some(BenchWhat::Serve(a)) = &args.what {
         return serve::run(a, registry);

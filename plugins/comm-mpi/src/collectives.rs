@@ -6,7 +6,8 @@
 //!   of its 1/n share, reduces them in rank order, and sends the result to everybody), moving
 //!   2·(n-1)/n·S per rank like a ring, in two latency steps instead of 2·(n-1);
 //! * reduce_scatter: the first half of that; all_gather / barrier: everybody sends to
-//!   everybody; broadcast: the root sends to the others; send/recv: one buffered message.
+//!   everybody; broadcast: the root sends to the others; send/recv: one buffered message;
+//!   all_to_all (variable splits, `alltoall.rs`): one exchange, member k's rows straight to k.
 //!
 //! Every reduction runs `megatron_comm_local::payload::reduce` over the pieces in rank order,
 //! so every rank and every run gets the bits an `--nproc` threads run gets.
@@ -17,6 +18,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use megatron_comm_local::payload::{concat, reduce, Kind, OpDesc, Payload};
 use megatron_core::{Communicator, DType, DeviceTensor, Group, HostBuffer, ReduceOp};
 use std::time::Duration;
+
+mod alltoall;
 
 const P2P_KIND: u64 = 100;
 /// Below this many bytes gathered per rank, all_reduce gathers everything in one step.
@@ -198,6 +201,18 @@ impl MpiCommunicator {
             let (h, payload) = Header::parse(&msg)?;
             let mut want = hdr.clone();
             want.payload_bytes = *b as u64;
+            if h != want && (Header { payload_bytes: want.payload_bytes, ..h.clone() }) == want {
+                // Same collective, other size: only all_to_all's splits can disagree like this.
+                bail!(
+                    "{} #{} on group {}: rank {} sent {} bytes to rank {rank}, which expected {} bytes",
+                    c.desc,
+                    c.seq,
+                    group_label(c.group),
+                    c.group.ranks[k],
+                    h.payload_bytes,
+                    b
+                );
+            }
             if h != want {
                 bail!(
                     "mismatched collectives on group {} at sequence #{}: rank {} called {} but rank {rank} called {} \
@@ -481,6 +496,17 @@ impl Communicator for MpiCommunicator {
             );
         }
         store(t, Payload::Tensor(HostBuffer::from_le_bytes(dtype, payload)?), "recv")
+    }
+
+    fn all_to_all(
+        &self,
+        group: &Group,
+        input: &DeviceTensor,
+        send_splits: &[usize],
+        output: &mut DeviceTensor,
+        recv_splits: &[usize],
+    ) -> Result<()> {
+        self.all_to_all_v(group, input, send_splits, output, recv_splits)
     }
 
     fn barrier(&self, group: &Group) -> Result<()> {

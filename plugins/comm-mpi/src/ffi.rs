@@ -148,7 +148,8 @@ pub fn library_version() -> String {
         }
     }
     let bytes: Vec<u8> = buf[..len.clamp(0, 8191) as usize].iter().map(|&c| c as u8).collect();
-    String::from_utf8_lossy(&bytes).lines().next().unwrap_or("").trim().to_string()
+    // MPICH separates its fields with tabs: one space each.
+    String::from_utf8_lossy(&bytes).lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn count(bytes: usize, what: &str) -> Result<c_int> {

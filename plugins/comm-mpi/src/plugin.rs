@@ -35,6 +35,10 @@ fn mpi_factory(de: ConfigDe, world_size: usize) -> Result<Vec<Arc<dyn Communicat
             comm.world_size()
         );
     }
+    if comm.rank() == 0 {
+        // Which implementation a run is on (Open MPI and MPICH builds look the same otherwise).
+        println!("MPI library: {}", comm.library());
+    }
     Ok(vec![Arc::new(comm)])
 }
 

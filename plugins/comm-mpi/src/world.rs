@@ -124,6 +124,20 @@ pub fn group_label(g: &Group) -> String {
     format!("`{}` {:?}", g.name, g.ranks)
 }
 
+/// The error of an exchange that gave up waiting: its text is the caller's message (the same
+/// as the threads communicator's); the type lets a caller add context to every other error
+/// while leaving this message first.
+#[derive(Debug)]
+pub struct TimedOut(pub String);
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
 /// Which sequence counter a call advances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Stream {
@@ -254,7 +268,7 @@ impl Engine {
                 missing.sort_unstable();
                 missing.dedup();
                 std::mem::forget(posts);
-                bail!(on_timeout(&missing));
+                return Err(TimedOut(on_timeout(&missing)).into());
             }
             backoff(&mut spins);
         }
