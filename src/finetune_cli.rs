@@ -7,6 +7,7 @@
 //! `--valid-data` file (with the majority-class rate for reference), a checkpoint per epoch
 //! in `--save`. Runs at tp = 1 on one rank.
 
+use crate::finetune_dump::StepDump;
 use crate::hf::bert::load_bert_checkpoint;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -56,6 +57,12 @@ pub struct FinetuneArgs {
     /// optimisation problem (train accuracy stuck) from overfitting.
     #[arg(long)]
     pub eval_train: bool,
+    /// Writes the first training step (batch, logits, loss, every parameter before the step,
+    /// every gradient before clipping, the learning rate, every parameter after the step) to
+    /// this safetensors file and stops; `scripts/bert_finetune_step_check.py` compares it with
+    /// transformers (use `--hidden-dropout 0 --attention-dropout 0` for a comparable step).
+    #[arg(long)]
+    pub dump_first_step: Option<PathBuf>,
 }
 
 /// One encoded row: ids, types, real length, label.
@@ -170,13 +177,35 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
         for step in 0..per_epoch {
             let rows: Vec<&Row> = order[step * mbs..(step + 1) * mbs].iter().map(|&i| &train[i]).collect();
             zero_grads(&mut model, backend.as_ref())?;
-            let out = model.forward(&batch(&rows, seq, mix(args.seed + it as u64)), Mode::Train)?;
+            let x = batch(&rows, seq, mix(args.seed + it as u64));
+            let mut dump = args.dump_first_step.as_ref().map(|_| StepDump::default());
+            if let Some(d) = dump.as_mut() {
+                d.add_ints("batch.tokens", &[mbs, seq], x.tokens.iter().map(|&v| v as i64));
+                d.add_ints("batch.types", &[mbs, seq], x.types.iter().map(|&v| v as i64));
+                d.add_ints("batch.lengths", &[mbs], x.lengths.iter().map(|&v| v as i64));
+                d.add_ints("batch.labels", &[mbs], x.is_random.iter().map(|&v| v as i64));
+                d.add_params("before", &model.params(), false, backend.as_ref())?;
+            }
+            let out = model.forward(&x, Mode::Train)?;
             model.backward(1.0 / mbs as f32)?;
             let lr = lr_at(it);
-            {
+            let grad_norm = {
+                if let Some(d) = dump.as_mut() {
+                    d.add_params("grad", &model.params(), true, backend.as_ref())?;
+                }
                 let mut params = model.params_mut();
-                megatron_optim::clip_grad_norm(&mut params, args.clip_grad, backend.as_ref(), &ctx)?;
+                let norm = megatron_optim::clip_grad_norm(&mut params, args.clip_grad, backend.as_ref(), &ctx)?;
                 adam.step(&mut params, lr, args.weight_decay, backend.as_ref())?;
+                norm
+            };
+            if let (Some(mut d), Some(path)) = (dump, &args.dump_first_step) {
+                d.add("logits", &[mbs, task.num_classes()], out.logits.clone());
+                d.add("loss", &[1], vec![(out.loss_sum / mbs as f64) as f32]);
+                d.add("grad_norm", &[1], vec![grad_norm as f32]);
+                d.add("lr", &[1], vec![lr as f32]);
+                d.add("weight_decay", &[1], vec![args.weight_decay as f32]);
+                d.add_params("after", &model.params(), false, backend.as_ref())?;
+                return d.write(path);
             }
             it += 1;
             loss_sum += out.loss_sum;
