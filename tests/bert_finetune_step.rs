@@ -2,9 +2,10 @@
 //! BERT (2 layers, hidden 16, 4 heads, the BERT fixture's vocab.txt) written as a Hugging Face
 //! directory, imported with `megatron import hf`, finetuned on 8 MRPC-layout rows (pairs of
 //! different lengths, both labels, token types 0/1, padding) with dropout 0 and
-//! `--dump-first-step`; `scripts/bert_finetune_step_check.py` runs the same step in
-//! transformers' `BertForSequenceClassification` and fails when the logits, the loss, any
-//! gradient or any parameter update differs beyond its tolerances (printed). Skipped with a
+//! `--dump-first-step --dump-steps 3` (one batch per epoch, 3 epochs, a reshuffle each);
+//! `scripts/bert_finetune_step_check.py` runs the same steps in transformers'
+//! `BertForSequenceClassification` and fails when the logits or loss of any step or any
+//! gradient of the first differs beyond its tolerances (printed). Skipped with a
 //! message when /work/venv/bin/python (or $MEGATRON_PYTHON) has no transformers.
 
 use clap::Parser;
@@ -109,8 +110,12 @@ fn first_finetune_step_equals_transformers() {
         "0",
         "--attention-dropout",
         "0",
+        "--epochs",
+        "3",
         "--dump-first-step",
         &s(&dump),
+        "--dump-steps",
+        "3",
     ]);
     let out =
         Command::new(&py).arg(root().join("scripts/bert_finetune_step_check.py")).args([&dump, &hf]).output().unwrap();
