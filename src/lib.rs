@@ -21,6 +21,15 @@ pub mod eval_cli;
     feature = "optim"
 ))]
 pub mod finetune_cli;
+#[cfg(all(
+    feature = "bert",
+    feature = "gpt",
+    feature = "checkpoint",
+    feature = "tokenizers",
+    feature = "datasets",
+    feature = "optim"
+))]
+pub mod finetune_dump;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod generate;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]

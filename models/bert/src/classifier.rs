@@ -24,6 +24,8 @@ pub struct BertClassifier {
 pub struct ClassifierOutput {
     pub loss_sum: f64,
     pub predictions: Vec<usize>,
+    /// `(B, classes)` row-major.
+    pub logits: Vec<f32>,
 }
 
 impl BertClassifier {
@@ -69,7 +71,7 @@ impl BertClassifier {
         if mode == Mode::Train {
             self.d_logits = Some(d);
         }
-        Ok(ClassifierOutput { loss_sum, predictions })
+        Ok(ClassifierOutput { loss_sum, predictions, logits })
     }
 
     /// Backpropagates `scale · Σ loss` of the saved forward (scale = 1/rows for the mean).
