@@ -19,12 +19,14 @@
 mod driver;
 mod micro;
 mod pack;
+mod pack_dp;
 
 pub use micro::bf16_dot_peak_gflops;
 
 use driver::{run_tasks, CPtr, Job};
 use megatron_core::half::{bf16, f16};
-use pack::{pack_a_panel, pack_b_all};
+use pack::{pack_a_panel, pack_b_all, pack_b_generic};
+use pack_dp::pack_dp;
 
 /// Rows of a microkernel tile.
 pub(crate) const MR: usize = 8;
@@ -101,16 +103,20 @@ pub(crate) fn gemm_half(
     let job = Job { m, n, k, alpha, beta, bias, c: cptr };
     match (kernel, a, b) {
         (Kernel::Dp, Src::BF16(a), Src::BF16(b)) if bf16_dot_supported() => {
-            let pb = pack_b_all::<u16, [bf16], true>(b, trans_b, k, n);
+            // B `[k, n]` is k-strided, `[n, k]` (trans) k-contiguous; A the other way round.
+            let (ldb, lda) = (if trans_b { k } else { n }, if trans_a { m } else { k });
+            let pb = pack_b_all(k, n, |k0, kc, j0, out: &mut [u16]| {
+                pack_dp(b, trans_b, ldb, j0, NR.min(n - j0), k0, kc, NR, out)
+            });
             run_tasks(&job, &pb, |i0, k0, kc, out: &mut [u16]| {
-                pack_a_panel::<u16, [bf16], true>(a, trans_a, m, k, i0, k0, kc, out)
+                pack_dp(a, !trans_a, lda, i0, MR.min(m.saturating_sub(i0)), k0, kc, MR, out)
             });
         }
         _ => {
             let pb = match b {
-                Src::F32(b) => pack_b_all::<f32, [f32], false>(b, trans_b, k, n),
-                Src::BF16(b) => pack_b_all::<f32, [bf16], false>(b, trans_b, k, n),
-                Src::F16(b) => pack_b_all::<f32, [f16], false>(b, trans_b, k, n),
+                Src::F32(b) => pack_b_generic::<f32, [f32], false>(b, trans_b, k, n),
+                Src::BF16(b) => pack_b_generic::<f32, [bf16], false>(b, trans_b, k, n),
+                Src::F16(b) => pack_b_generic::<f32, [f16], false>(b, trans_b, k, n),
             };
             run_tasks(&job, &pb, |i0, k0, kc, out: &mut [f32]| match a {
                 Src::F32(a) => pack_a_panel::<f32, [f32], false>(a, trans_a, m, k, i0, k0, kc, out),

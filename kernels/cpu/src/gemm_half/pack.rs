@@ -97,7 +97,7 @@ pub(super) fn pack_a_panel<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
 /// `B` is `[k, n]`, or `[n, k]` when `trans`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn pack_b_panel<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
+pub(super) fn pack_b_panel<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
     b: &S,
     trans: bool,
     k: usize,
@@ -134,13 +134,9 @@ pub(super) fn k_blocks(k: usize) -> Vec<(usize, usize)> {
     (0..k).step_by(KC).map(|k0| (k0, KC.min(k - k0))).collect()
 }
 
-/// All of `B` packed: for each k block, `ceil(n/NR)` panels of `ceil(kc/2)·2·NR` elements.
-pub(super) fn pack_b_all<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
-    b: &S,
-    trans: bool,
-    k: usize,
-    n: usize,
-) -> Vec<E> {
+/// All of `B` packed: for each k block, `ceil(n/NR)` panels of `ceil(kc/2)·2·NR` elements,
+/// each filled by `panel(k0, kc, j0, out)`.
+pub(super) fn pack_b_all<E: Elem>(k: usize, n: usize, panel: impl Fn(usize, usize, usize, &mut [E]) + Sync) -> Vec<E> {
     let panels = n.div_ceil(NR);
     let mut packed = vec![E::ZERO; k.div_ceil(2) * 2 * panels * NR];
     let mut rest = &mut packed[..];
@@ -151,9 +147,17 @@ pub(super) fn pack_b_all<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
         blocks.push((k0, kc, blk));
     }
     blocks.into_par_iter().for_each(|(k0, kc, blk)| {
-        blk.par_chunks_mut(kc.div_ceil(2) * 2 * NR)
-            .enumerate()
-            .for_each(|(jr, panel)| pack_b_panel::<E, S, DP>(b, trans, k, n, k0, kc, jr * NR, panel));
+        blk.par_chunks_mut(kc.div_ceil(2) * 2 * NR).enumerate().for_each(|(jr, out)| panel(k0, kc, jr * NR, out));
     });
     packed
+}
+
+/// [`pack_b_all`] with the generic panel packer.
+pub(super) fn pack_b_generic<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
+    b: &S,
+    trans: bool,
+    k: usize,
+    n: usize,
+) -> Vec<E> {
+    pack_b_all(k, n, |k0, kc, j0, out| pack_b_panel::<E, S, DP>(b, trans, k, n, k0, kc, j0, out))
 }
