@@ -38,6 +38,10 @@ pub struct BenchArgs {
     /// Also run the iterations through the timing decorator and print the per-op profile.
     #[arg(long)]
     pub profile: bool,
+    /// bf16 parameters and activations with fp32 main parameters in the optimizer (the
+    /// `pretrain --bf16` step).
+    #[arg(long)]
+    pub bf16: bool,
 }
 
 /// Other benchmarks than training throughput.
@@ -105,14 +109,20 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
     let profiler = Arc::new(ProfilingBackend::new(raw.clone()));
     let backend: Arc<dyn Backend> = if args.profile { profiler.clone() } else { raw.clone() };
     let padded = p.vocab.div_ceil(128) * 128;
-    let model_cfg = json!({
+    let mut model_cfg = json!({
         "num_layers": p.layers, "hidden_size": p.hidden, "num_attention_heads": p.heads,
         "seq_length": p.seq, "max_position_embeddings": p.seq, "vocab_size": p.vocab,
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234,
     });
+    if args.bf16 {
+        model_cfg["params_dtype"] = json!(DType::BF16);
+    }
     let env = ModelEnv { backend: backend.clone(), ctx: ParallelContext::single(), mlp: None };
     let mut model = registry.model("gpt", model_cfg, &env).context("building the benchmark model")?;
     let mut optimizer = registry.optimizer("adam", json!({}))?;
+    if args.bf16 {
+        optimizer = mixed_precision(optimizer)?;
+    }
     let n_tokens = p.mbs * p.seq;
     let tokens: Vec<i32> = (0..n_tokens).map(|i| ((i * 7919) % p.vocab) as i32).collect();
     let labels: Vec<i32> = (0..n_tokens).map(|i| ((i * 104_729 + 1) % p.vocab) as i32).collect();
@@ -123,8 +133,9 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
     let n_matmul = l * 12.0 * h * h + padded as f64 * h;
     let flops_per_token = 6.0 * n_matmul + 12.0 * l * t * h;
     println!(
-        "bench {}: {} layers, hidden {}, heads {}, seq {}, micro batch {}, padded vocab {}, backend {}, threads {}",
+        "bench {}{}: {} layers, hidden {}, heads {}, seq {}, micro batch {}, padded vocab {}, backend {}, threads {}",
         args.preset,
+        if args.bf16 { " (bf16)" } else { "" },
         p.layers,
         p.hidden,
         p.heads,
@@ -215,6 +226,17 @@ pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `pretrain --bf16` optimizer: fp32 main parameters around `inner`.
+#[cfg(feature = "optim")]
+fn mixed_precision(inner: Box<dyn megatron_core::Optimizer>) -> Result<Box<dyn megatron_core::Optimizer>> {
+    Ok(Box::new(megatron_optim::MixedPrecisionOptimizer::new(inner)))
+}
+
+#[cfg(not(feature = "optim"))]
+fn mixed_precision(_: Box<dyn megatron_core::Optimizer>) -> Result<Box<dyn megatron_core::Optimizer>> {
+    bail!("bench --bf16 needs the `optim` feature (fp32 main parameters)")
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -50,6 +50,12 @@ impl ProfilingBackend {
 
 type T = DeviceTensor;
 
+/// `a,b->c` dtypes of an op (mixed precision runs the same op in several dtype combinations).
+fn dtypes(ins: &[&T], out: &T) -> String {
+    let ins: Vec<String> = ins.iter().map(|t| t.dtype().to_string()).collect();
+    format!("{}->{}", ins.join(","), out.dtype())
+}
+
 impl Backend for ProfilingBackend {
     fn name(&self) -> &str {
         self.inner.name()
@@ -70,7 +76,7 @@ impl Backend for ProfilingBackend {
         self.timed("copy", |b| b.copy(src, dst))
     }
     fn cast(&self, src: &T, dst: &mut T) -> Result<()> {
-        self.timed("cast", |b| b.cast(src, dst))
+        self.timed(format!("cast {}", dtypes(&[src], dst)), |b| b.cast(src, dst))
     }
     fn fill(&self, t: &mut T, value: f32) -> Result<()> {
         self.timed("fill", |b| b.fill(t, value))
@@ -96,7 +102,15 @@ impl Backend for ProfilingBackend {
     fn gemm(&self, a: &T, x: &T, c: &mut T, spec: GemmSpec, bias: Option<&T>) -> Result<()> {
         // Per shape and transpose: the GEMMs of a model run at very different rates.
         let t = |x: bool| if x { 'T' } else { 'N' };
-        let op = format!("gemm {}x{}x{} {}{}", spec.m, spec.n, spec.k, t(spec.trans_a), t(spec.trans_b));
+        let op = format!(
+            "gemm {}x{}x{} {}{} {}",
+            spec.m,
+            spec.n,
+            spec.k,
+            t(spec.trans_a),
+            t(spec.trans_b),
+            dtypes(&[a, x], c)
+        );
         self.timed(op, |b| b.gemm(a, x, c, spec, bias))
     }
     fn layernorm_forward(

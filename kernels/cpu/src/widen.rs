@@ -52,7 +52,20 @@ pub(crate) fn widen_f16(s: &[f16], o: &mut [f32]) {
 /// f32 → bf16, round to nearest even (`half`'s rounding, NaN kept a NaN).
 #[inline]
 pub(crate) fn narrow_bf16(s: &[f32], d: &mut [bf16]) {
-    d.iter_mut().zip(s).for_each(|(d, &s)| *d = bf16::from_f32(s));
+    d.iter_mut().zip(s).for_each(|(d, &s)| *d = bf16::from_bits(bf16_bits(s)));
+}
+
+/// The bits of `x` rounded to bf16, to nearest even: exactly `half`'s `bf16::from_f32` (a
+/// NaN stays a NaN with the quiet bit set), but branch-free so the loops that call it
+/// vectorise (`half`'s version branches per element). Adding `0x7fff` plus the lowest kept
+/// bit carries into bit 16 iff the dropped half is above the midpoint, or at it with an odd
+/// kept part; finite values past the largest bf16 round to infinity, as in `half`.
+#[inline(always)]
+pub(crate) fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
+    let nan = (b >> 16) | 0x40;
+    (if b & 0x7fff_ffff > 0x7f80_0000 { nan } else { rounded }) as u16
 }
 
 #[inline]
@@ -133,7 +146,7 @@ pub(crate) fn out_opt(t: Option<&mut DeviceTensor>, read: bool) -> Result<Option
 type Bufs = (Vec<f32>, Vec<Vec<f32>>);
 
 /// Chunk `r` of `src` as f32: borrowed when fp32, else widened into `buf`.
-fn chunk_f32<'b>(src: &'b Src, r: std::ops::Range<usize>, buf: &'b mut Vec<f32>) -> &'b [f32] {
+pub(crate) fn chunk_f32<'b>(src: &'b Src, r: std::ops::Range<usize>, buf: &'b mut Vec<f32>) -> &'b [f32] {
     match src {
         Src::F32(x) => &x[r],
         Src::BF16(x) => {
@@ -191,5 +204,28 @@ pub(crate) fn chunked(
             narrow_f16(&ob, o);
             bufs.0 = ob;
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`bf16_bits`] against `half` on every special value and on random bit patterns.
+    #[test]
+    fn bf16_bits_equals_half() {
+        let mut specials = vec![0u32, 0x8000_0000, 0x7f80_0000, 0xff80_0000, 0x7fc0_0000, 0x7f80_0001, 0xffff_ffff];
+        specials.extend([0x7f7f_ffff, 0xff7f_ffff, 0x0000_0001, 0x0000_8000, 0x0001_8000, 0x3f80_8000, 0x3f81_8000]);
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let random = (0..2_000_000).map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 16) as u32
+        });
+        for b in specials.into_iter().chain(random) {
+            let x = f32::from_bits(b);
+            assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "bits {b:#010x}");
+        }
     }
 }
