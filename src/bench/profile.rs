@@ -246,4 +246,126 @@ impl Backend for ProfilingBackend {
     fn sgd_step(&self, p: &mut T, g: &T, buf: &mut T, lr: f32, mom: f32, wd: f32, first: bool) -> Result<()> {
         self.timed("sgd_step", |b| b.sgd_step(p, g, buf, lr, mom, wd, first))
     }
+
+    // Context parallelism's ring-attention blocks and the Mamba-2 ops, passed through timed.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block_forward(
+        &self,
+        q: &T,
+        k: &T,
+        v: &T,
+        q_pos: &T,
+        k_pos: &T,
+        out: &mut T,
+        lse: &mut T,
+        spec: megatron_core::AttentionBlockSpec,
+    ) -> Result<()> {
+        self.timed("attention_block_forward", |b| b.attention_block_forward(q, k, v, q_pos, k_pos, out, lse, spec))
+    }
+    fn attention_lse_merge(
+        &self,
+        out: &mut T,
+        lse: &mut T,
+        block_out: &T,
+        block_lse: &T,
+        spec: megatron_core::AttentionBlockSpec,
+    ) -> Result<()> {
+        self.timed("attention_lse_merge", |b| b.attention_lse_merge(out, lse, block_out, block_lse, spec))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block_backward(
+        &self,
+        d_out: &T,
+        q: &T,
+        k: &T,
+        v: &T,
+        q_pos: &T,
+        k_pos: &T,
+        lse: &T,
+        delta: &T,
+        dq: &mut T,
+        dk: &mut T,
+        dv: &mut T,
+        spec: megatron_core::AttentionBlockSpec,
+    ) -> Result<()> {
+        self.timed("attention_block_backward", |b| {
+            b.attention_block_backward(d_out, q, k, v, q_pos, k_pos, lse, delta, dq, dk, dv, spec)
+        })
+    }
+    fn causal_conv1d_silu_forward(
+        &self,
+        x: &T,
+        weight: &T,
+        bias: &T,
+        out: &mut T,
+        pre: &mut T,
+        spec: megatron_core::Conv1dSpec,
+    ) -> Result<()> {
+        self.timed("causal_conv1d_silu_forward", |b| b.causal_conv1d_silu_forward(x, weight, bias, out, pre, spec))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn causal_conv1d_silu_backward(
+        &self,
+        x: &T,
+        weight: &T,
+        pre: &T,
+        d_out: &T,
+        d_x: &mut T,
+        d_weight: &mut T,
+        d_bias: &mut T,
+        spec: megatron_core::Conv1dSpec,
+    ) -> Result<()> {
+        self.timed("causal_conv1d_silu_backward", |b| {
+            b.causal_conv1d_silu_backward(x, weight, pre, d_out, d_x, d_weight, d_bias, spec)
+        })
+    }
+    fn ssd_scan_forward(
+        &self,
+        inputs: megatron_core::SsdTensors,
+        y: &mut T,
+        states: &mut T,
+        spec: megatron_core::SsdSpec,
+    ) -> Result<()> {
+        self.timed("ssd_scan_forward", |b| b.ssd_scan_forward(inputs, y, states, spec))
+    }
+    fn ssd_scan_backward(
+        &self,
+        inputs: megatron_core::SsdTensors,
+        states: &T,
+        dy: &T,
+        grads: megatron_core::SsdGradTensors,
+        spec: megatron_core::SsdSpec,
+    ) -> Result<()> {
+        self.timed("ssd_scan_backward", |b| b.ssd_scan_backward(inputs, states, dy, grads, spec))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn gated_rmsnorm_forward(
+        &self,
+        y: &T,
+        z: &T,
+        weight: &T,
+        groups: usize,
+        eps: f32,
+        out: &mut T,
+        rstd: &mut T,
+    ) -> Result<()> {
+        self.timed("gated_rmsnorm_forward", |b| b.gated_rmsnorm_forward(y, z, weight, groups, eps, out, rstd))
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn gated_rmsnorm_backward(
+        &self,
+        y: &T,
+        z: &T,
+        weight: &T,
+        groups: usize,
+        rstd: &T,
+        d_out: &T,
+        d_y: &mut T,
+        d_z: &mut T,
+        d_weight: &mut T,
+    ) -> Result<()> {
+        self.timed("gated_rmsnorm_backward", |b| {
+            b.gated_rmsnorm_backward(y, z, weight, groups, rstd, d_out, d_y, d_z, d_weight)
+        })
+    }
 }

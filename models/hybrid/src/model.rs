@@ -348,6 +348,27 @@ impl Model for HybridModel {
         })
     }
 
+    /// The `E` layers' checkpointed buffers (an MoE router's expert bias).
+    fn buffers(&self) -> Vec<&Param> {
+        self.layers
+            .iter()
+            .flat_map(|l| match &l.branch {
+                Branch::Moe(m) => m.buffers(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    fn buffers_mut(&mut self) -> Vec<&mut Param> {
+        self.layers
+            .iter_mut()
+            .flat_map(|l| match &mut l.branch {
+                Branch::Moe(m) => m.buffers_mut(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         self.layers
             .iter_mut()
