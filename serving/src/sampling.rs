@@ -65,6 +65,35 @@ pub fn log_prob(logits: &[f32], id: usize) -> f32 {
 /// The distribution a draw is made from: `(token, probability)` of every candidate, most
 /// likely first, probabilities summing to 1. `top_p` is the current (possibly decayed) value.
 pub fn candidates(logits: &[f32], params: &SamplingParams, top_p: f32) -> Vec<(usize, f64)> {
+    if params.top_k > 1 && params.top_k < logits.len() && !logits.iter().any(|v| v.is_nan()) {
+        return top_k_candidates(logits, params);
+    }
+    candidates_full_sort(logits, params, top_p)
+}
+
+/// The top-k case of [`candidates`] without sorting the whole vocabulary (a request's sampling
+/// ran on the engine thread and sorted 50k logits per token): the k best by the same total
+/// order (a selection, O(V)), the entries tied with the k-th, then a sort of those only. Same
+/// tokens, order and probabilities as [`candidates_full_sort`], bit for bit (tested).
+fn top_k_candidates(logits: &[f32], params: &SamplingParams) -> Vec<(usize, f64)> {
+    let t = params.temperature as f64;
+    let k = params.top_k;
+    let cmp = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.select_nth_unstable_by(k - 1, cmp);
+    // Megatron keeps the entries tied with the k-th largest (`v >= kth` after the temperature,
+    // which also keeps a -0.0 tied with a +0.0 k-th).
+    let kth = logits[order[k - 1]] as f64 / t;
+    let mut keep: Vec<usize> = order[..k].to_vec();
+    keep.extend(order[k..].iter().copied().filter(|&i| logits[i] as f64 / t >= kth));
+    keep.sort_by(cmp);
+    let scaled: Vec<f64> = keep.iter().map(|&i| logits[i] as f64 / t).collect();
+    keep.into_iter().zip(softmax(&scaled)).collect()
+}
+
+/// [`candidates`] by a full sort of the vocabulary (top-p, no filter, NaN logits, and the
+/// reference for [`top_k_candidates`]).
+pub fn candidates_full_sort(logits: &[f32], params: &SamplingParams, top_p: f32) -> Vec<(usize, f64)> {
     let t = params.temperature as f64;
     let mut order: Vec<usize> = (0..logits.len()).collect();
     // Descending by logit; ties keep the lower id first (a stable order is part of determinism).
@@ -129,6 +158,36 @@ mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn top_k_by_selection_equals_the_full_sort_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for case in 0..300 {
+            let v = [7usize, 50, 1000, 50257][case % 4];
+            // Coarse values make many ties (with the k-th too), and ±0.0 both appear.
+            let levels = [3.0f32, 17.0, 1000.0][case % 3];
+            let logits: Vec<f32> = (0..v)
+                .map(|_| {
+                    let x = (rng.gen::<f32>() * levels).floor() / levels * 8.0 - 4.0;
+                    if x == 0.0 && rng.gen::<bool>() {
+                        -0.0
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            for (k, t) in [(2usize, 1.0f32), (5, 0.7), (40, 1.3), (v - 1, 1.0)] {
+                let k = k.clamp(2, v - 1);
+                let p = SamplingParams { temperature: t, top_k: k, ..SamplingParams::default() };
+                let fast = candidates(&logits, &p, 0.0);
+                let full = candidates_full_sort(&logits, &p, 0.0);
+                assert_eq!(fast.len(), full.len(), "case {case} k {k}");
+                for (a, b) in fast.iter().zip(&full) {
+                    assert!(a.0 == b.0 && a.1.to_bits() == b.1.to_bits(), "case {case} k {k}: {a:?} vs {b:?}");
+                }
+            }
+        }
+    }
 
     fn logits() -> Vec<f32> {
         // softmax ≈ [0.0117, 0.0317, 0.0861, 0.2341, 0.6364] for ids 0..5 (ascending logits).
