@@ -8,14 +8,11 @@
 //! gradient of the first differs beyond its tolerances (printed). Skipped with a
 //! message when /work/venv/bin/python (or $MEGATRON_PYTHON) has no transformers.
 
+mod tiny_bert;
 use clap::Parser;
-use megatron_bert::hf::{export_hf_bert, hf_bert_config};
-use megatron_bert::{BertConfig, BertModel, LayerNormPlacement};
-use megatron_core::{Backend, ParallelContext};
-use safetensors::{serialize, Dtype};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use tiny_bert::write_tiny_hf_bert;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,37 +22,6 @@ fn python() -> Option<String> {
     let py = std::env::var("MEGATRON_PYTHON").unwrap_or_else(|_| "/work/venv/bin/python".into());
     let ok = Command::new(&py).args(["-c", "import torch, transformers, safetensors"]).output();
     ok.map(|o| o.status.success()).unwrap_or(false).then_some(py)
-}
-
-fn write_tiny_hf(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let bk: Arc<dyn Backend> = Arc::new(megatron_cpu::CpuBackend::new());
-    let cfg = BertConfig {
-        num_layers: 2,
-        hidden_size: 16,
-        num_attention_heads: 4,
-        ffn_hidden_size: Some(32),
-        max_position_embeddings: 24,
-        vocab_size: 216,
-        layernorm: LayerNormPlacement::Post,
-        gelu_erf: true,
-        init_method_std: 0.2,
-        seed: 5,
-        ..Default::default()
-    };
-    let model = BertModel::new(cfg, bk, ParallelContext::single()).unwrap();
-    let tensors = export_hf_bert(&model).unwrap();
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, s, d)| (n.clone(), s.clone(), d.iter().flat_map(|v| v.to_le_bytes()).collect()))
-        .collect();
-    let views: Vec<_> = bytes
-        .iter()
-        .map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
-        .collect();
-    std::fs::write(dir.join("model.safetensors"), serialize(views, &None).unwrap()).unwrap();
-    std::fs::write(dir.join("config.json"), hf_bert_config(&model).to_string()).unwrap();
-    std::fs::copy(root().join("datasets/tests/fixtures/bert/vocab.txt"), dir.join("vocab.txt")).unwrap();
 }
 
 /// 8 MRPC rows of fixture words: 6 to 17 tokens per pair (the longest cut at 16), labels 0/1.
@@ -84,7 +50,7 @@ fn first_finetune_step_equals_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let (hf, ckpt, tsv, dump) =
         (dir.path().join("hf"), dir.path().join("ckpt"), dir.path().join("train.tsv"), dir.path().join("step.st"));
-    write_tiny_hf(&hf);
+    write_tiny_hf_bert(&hf, 5);
     write_tsv(&tsv);
     let s = |p: &Path| p.to_str().unwrap().to_string();
     megatron(&["import", "hf", "--hf-dir", &s(&hf), "--save", &s(&ckpt)]);

@@ -5,50 +5,14 @@
 //! (`bash scripts/fetch_minilm.sh`) the same round trip runs on the real `BertModel` (its
 //! encoder and pooler tensors; skipped with a message otherwise).
 
+mod tiny_bert;
 use megatron::generate::LoadArgs;
 use megatron::hf::export::ExportHfArgs;
 use megatron::hf::import::ImportHfArgs;
-use megatron_bert::hf::{export_hf_bert, hf_bert_config};
-use megatron_bert::{BertConfig, BertModel, LayerNormPlacement};
-use megatron_core::{Backend, ParallelContext, Registry};
-use safetensors::{serialize, Dtype, SafeTensors};
+use megatron_core::Registry;
+use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-fn fixture_vocab() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("datasets/tests/fixtures/bert/vocab.txt")
-}
-
-fn write_tiny_hf(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let bk: Arc<dyn Backend> = Arc::new(megatron_cpu::CpuBackend::new());
-    let cfg = BertConfig {
-        num_layers: 2,
-        hidden_size: 16,
-        num_attention_heads: 4,
-        ffn_hidden_size: Some(32),
-        max_position_embeddings: 24,
-        vocab_size: 216,
-        layernorm: LayerNormPlacement::Post,
-        gelu_erf: true,
-        init_method_std: 0.2,
-        seed: 9,
-        ..Default::default()
-    };
-    let model = BertModel::new(cfg, bk, ParallelContext::single()).unwrap();
-    let tensors = export_hf_bert(&model).unwrap();
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, s, d)| (n.clone(), s.clone(), d.iter().flat_map(|v| v.to_le_bytes()).collect()))
-        .collect();
-    let views: Vec<_> = bytes
-        .iter()
-        .map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
-        .collect();
-    std::fs::write(dir.join("model.safetensors"), serialize(views, &None).unwrap()).unwrap();
-    std::fs::write(dir.join("config.json"), hf_bert_config(&model).to_string()).unwrap();
-    std::fs::copy(fixture_vocab(), dir.join("vocab.txt")).unwrap();
-}
+use tiny_bert::write_tiny_hf_bert;
 
 /// Imports `hf`, exports the checkpoint to `out`; returns the tensors of `out` not equal bit
 /// for bit to `hf`'s, and the number compared.
@@ -85,7 +49,7 @@ fn roundtrip(hf: &Path, work: &Path) -> (Vec<String>, usize) {
 fn tiny_bert_imports_and_exports_bit_identically() {
     let dir = tempfile::tempdir().unwrap();
     let hf = dir.path().join("hf");
-    write_tiny_hf(&hf);
+    write_tiny_hf_bert(&hf, 9);
     let (differ, compared) = roundtrip(&hf, dir.path());
     assert!(differ.is_empty(), "tensors changed in the round trip: {differ:?}");
     let n = SafeTensors::deserialize(&std::fs::read(hf.join("model.safetensors")).unwrap()).unwrap().len();
