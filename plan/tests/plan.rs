@@ -4,34 +4,11 @@
 use megatron_plan::step_time::Rates;
 use megatron_plan::*;
 
+mod gpt2_input;
+use gpt2_input::gpt2;
+
 fn gpt2_small() -> PlanInput {
-    PlanInput {
-        num_layers: 12,
-        hidden: 768,
-        heads: 12,
-        query_groups: 12,
-        kv_channels: 64,
-        ffn: 3072,
-        swiglu: false,
-        padded_vocab: 50304,
-        max_position_embeddings: 1024,
-        learned_positions: true,
-        untied: false,
-        seq: 1024,
-        micro_batch: 4,
-        num_microbatches: 8,
-        tp: 1,
-        pp: 1,
-        dp: 1,
-        virtual_pp: 1,
-        optimizer_floats: 2,
-        distributed_optimizer: false,
-        precision: Precision::Fp32,
-        recompute: Recompute::None,
-        bucket_elems: None,
-        fp32_residual: false,
-        rms_norm: false,
-    }
+    gpt2(1024, 4, 8)
 }
 
 #[test]

@@ -5,35 +5,8 @@
 use megatron_plan::step_time::{dp_traffic, pp_traffic_per_microbatch, predict, tp_traffic_per_microbatch, Rates};
 use megatron_plan::*;
 
-fn gpt2(seq: usize, mb: usize, m: usize) -> PlanInput {
-    PlanInput {
-        num_layers: 12,
-        hidden: 768,
-        heads: 12,
-        query_groups: 12,
-        kv_channels: 64,
-        ffn: 3072,
-        swiglu: false,
-        padded_vocab: 50304,
-        max_position_embeddings: 1024,
-        learned_positions: true,
-        untied: false,
-        seq,
-        micro_batch: mb,
-        num_microbatches: m,
-        tp: 1,
-        pp: 1,
-        dp: 1,
-        virtual_pp: 1,
-        optimizer_floats: 2,
-        distributed_optimizer: false,
-        precision: Precision::Fp32,
-        recompute: Recompute::None,
-        bucket_elems: None,
-        fp32_residual: false,
-        rms_norm: false,
-    }
-}
+mod gpt2_input;
+use gpt2_input::gpt2;
 
 const RATES: Rates =
     Rates { gemm_flops_per_s: 20e9, comm_bytes_per_s: 2e9, comm_latency_s: 20e-6, mem_bytes_per_s: 4e9 };
