@@ -5,7 +5,7 @@
 writes our first training step: the batch, every parameter before the step, the logits and mean
 loss, every gradient before clipping, the gradient norm, the learning rate and every parameter
 after clipping + AdamW. This script runs the same step in transformers'
-BertForSequenceClassification (dropout 0) from MODEL_DIR (the Hugging Face directory that was
+BertForSequenceClassification (BertForMultipleChoice for a RACE dump) (dropout 0) from MODEL_DIR (the Hugging Face directory that was
 imported) and prints, tensor by tensor, the largest relative difference (max |ours - hf| /
 max |hf|) of: the imported weights, the logits, the loss, every gradient, the gradient norm and
 the parameter update (after - before, relative to the learning rate; elements with a
@@ -23,7 +23,7 @@ import sys
 
 import torch
 from safetensors.numpy import load_file
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertConfig, BertForMultipleChoice, BertForSequenceClassification
 
 TOL = {"import": 1e-6, "logits": 1e-4, "loss": 1e-5, "grad": 1e-3, "update": 1e-2, "logits_later": 1e-3,
        "loss_later": 1e-4}
@@ -40,6 +40,7 @@ def hf_names(ours, layers):
         m[f"embedding.layernorm.{p}"] = [f"bert.embeddings.LayerNorm.{p}"]
         m[f"pooler.dense.{p}"] = [f"bert.pooler.dense.{p}"]
         m[f"classification_head.{p}"] = [f"classifier.{p}"]
+        m[f"multichoice_head.{p}"] = [f"classifier.{p}"]
         for l in range(layers):
             o, t = f"encoder.layers.{l}", f"bert.encoder.layer.{l}"
             m[f"{o}.self_attention.linear_qkv.{p}"] = [f"{t}.attention.self.{x}.{p}" for x in ("query", "key", "value")]
@@ -79,9 +80,13 @@ def main():
     dump, model_dir = sys.argv[1], sys.argv[2]
     d = {k: torch.from_numpy(v) for k, v in load_file(dump).items()}
     classes = d["s000.logits"].shape[1]
+    # RACE dumps (`choices` > 1): rows come in groups of `choices`, one score per row, a softmax
+    # per group: transformers' BertForMultipleChoice.
+    choices = int(d["choices"].item()) if "choices" in d else 1
     cfg = BertConfig.from_pretrained(model_dir, num_labels=classes, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
-    model = BertForSequenceClassification.from_pretrained(model_dir, config=cfg).train()
+    kind = BertForMultipleChoice if choices > 1 else BertForSequenceClassification
+    model = kind.from_pretrained(model_dir, config=cfg).train()
     heads, layers = cfg.num_attention_heads, cfg.num_hidden_layers
     hf = dict(model.named_parameters())
     ours = sorted(k[len("before."):] for k in d if k.startswith("before."))
@@ -97,7 +102,7 @@ def main():
     worst = (0.0, "")
     for n in ours:
         names = hf_names(n, layers)
-        if n.startswith("classification_head."):
+        if n.startswith(("classification_head.", "multichoice_head.")):
             continue
         r = rel(d[f"before.{n}"], to_ours([hf[x].detach() for x in names], heads, d[f"before.{n}"].shape))
         worst = max(worst, (r, n))
@@ -123,11 +128,20 @@ def main():
         b, s = ids.shape
         mask = (torch.arange(s)[None, :] < d[f"{tag}.lengths"].long()[:, None]).long()
         model.zero_grad()
-        out = model(input_ids=ids, token_type_ids=d[f"{tag}.types"].long(), attention_mask=mask,
-                    labels=d[f"{tag}.labels"].long())
+        types = d[f"{tag}.types"].long()
+        if choices > 1:
+            ids, types, mask = (t.reshape(b // choices, choices, s) for t in (ids, types, mask))
+        out = model(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=d[f"{tag}.labels"].long())
         # Later steps inherit the rounding differences of the earlier updates: looser bounds.
         kind = ("logits", "loss") if k == 0 else ("logits_later", "loss_later")
-        lg = report(kind[0], f"{tag} logits", rel(d[f"{tag}.logits"], out.logits.detach()))
+        ours_logits, hf_logits = d[f"{tag}.logits"], out.logits.detach()
+        if choices > 1:
+            # The options share multichoice_head.bias, so a constant shift of a question's
+            # scores changes nothing (its exact gradient is 0, its Adam steps are rounding
+            # noise): compare the scores relative to their mean.
+            ours_logits = ours_logits - ours_logits.mean(1, keepdim=True)
+            hf_logits = hf_logits - hf_logits.mean(1, keepdim=True)
+        lg = report(kind[0], f"{tag} logits", rel(ours_logits, hf_logits))
         ls = report(kind[1], f"{tag} loss", rel(d[f"{tag}.loss"], out.loss.detach().reshape(1)))
         out.loss.backward()
         if k == 0:
@@ -135,6 +149,11 @@ def main():
             for n in ours:
                 names = hf_names(n, layers)
                 g = to_ours([hf[x].grad for x in names], heads, d[f"grad.{n}"].shape)
+                if n == "multichoice_head.bias":
+                    # Exactly 0 (see above): both must be rounding noise, relative to the norm.
+                    r = max(d[f"grad.{n}"].abs().max().item(), g.abs().max().item()) / d[f"{tag}.grad_norm"].item()
+                    print(f"  {n:55s} {report('grad', n, r)} (exact gradient 0: max |g| / grad norm)")
+                    continue
                 print(f"  {n:55s} {report('grad', n, rel(d[f'grad.{n}'], g))}")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         lr = d[f"{tag}.lr"].item()

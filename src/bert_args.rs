@@ -73,17 +73,10 @@ pub fn check(a: &PretrainArgs, tokenizer_type: Option<&str>) -> Vec<String> {
         );
     }
     let pp = a.pipeline_model_parallel_size.max(1);
-    if a.decoder_first_pipeline_num_layers.is_some() || a.decoder_last_pipeline_num_layers.is_some() {
-        errors.push(
-            "--model bert splits its encoder layers evenly over the pipeline stages: drop \
-             --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers"
-                .to_string(),
-        );
-    } else if !a.num_layers.is_multiple_of(pp) || a.num_layers < pp {
-        errors.push(format!(
-            "--model bert: --num-layers {} must be a multiple of --pipeline-model-parallel-size {pp} (an even split)",
-            a.num_layers
-        ));
+    // Even, or Megatron's uneven split with --decoder-first/last-pipeline-num-layers.
+    let (first, last) = (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
+    if let Err(e) = megatron_transformer::pipeline_split::pipeline_split(a.num_layers, pp, first, last) {
+        errors.push(format!("--model bert: {e}"));
     }
     if a.swiglu || a.normalization != "LayerNorm" || a.position_embedding_type != "learned_absolute" {
         errors.push(
@@ -123,6 +116,8 @@ pub fn model_config(a: &PretrainArgs, max_position_embeddings: usize, vocab_size
         "seq_length": a.seq_length,
         "layernorm": if a.bert.bert_post_ln { "post" } else { "pre" },
         "gelu_erf": a.bert.bert_gelu_erf,
+        "decoder_first_pipeline_num_layers": a.decoder_first_pipeline_num_layers,
+        "decoder_last_pipeline_num_layers": a.decoder_last_pipeline_num_layers,
     })
 }
 

@@ -1,24 +1,26 @@
 //! `megatron finetune`: BERT finetuning on a GLUE classification task, like Megatron's
-//! `tasks/main.py --task MNLI|QQP` (SPEC §9.4), plus MRPC and RTE in the GLUE TSV layout:
-//! the pretrained `bert` checkpoint (`--load`, e.g. from `megatron import hf`) with the
-//! pooler + `classification_head` of `megatron_bert::BertClassifier`, Adam with a linear
+//! `tasks/main.py --task MNLI|QQP` (SPEC §9.4), plus MRPC and RTE in the GLUE TSV layout,
+//! or on RACE (`--task RACE`, SPEC §9.3: multiple choice, a `--micro-batch-size` of questions
+//! is 4× as many rows): the pretrained `bert` checkpoint (`--load`, e.g. from `megatron
+//! import hf`) with the pooler + `classification_head` (or `multichoice_head`) of
+//! `megatron_bert::BertClassifier`, Adam with a linear
 //! warmup/decay schedule, clipping, epochs over the shuffled training rows (the last partial
 //! batch dropped, as Megatron's loader), validation accuracy per epoch on every
 //! `--valid-data` file (with the majority-class rate for reference), a checkpoint per epoch
 //! in `--save`. Runs at tp = 1 on one rank.
 
+use crate::finetune_data::{Example, FinetuneTask, Row};
 use crate::finetune_dump::StepDump;
 use crate::hf::bert::load_bert_checkpoint;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use megatron_bert::{BertBatch, BertClassifier};
-use megatron_core::{Backend, Mode, Optimizer, ParallelContext, Registry, Tokenizer};
-use megatron_datasets::bert::glue::{build_pair_sample, read_glue_tsv, GlueExample, GlueTask};
+use megatron_core::{Backend, Mode, Optimizer, ParallelContext, Registry};
 use std::path::PathBuf;
 
 #[derive(Args, Clone, Debug)]
 pub struct FinetuneArgs {
-    /// MNLI, QQP, MRPC or RTE.
+    /// MNLI, QQP, MRPC, RTE (TSV files) or RACE (directories of `*.txt` JSON documents).
     #[arg(long)]
     pub task: String,
     #[arg(long, num_args = 1.., required = true)]
@@ -69,27 +71,6 @@ pub struct FinetuneArgs {
     pub dump_steps: usize,
 }
 
-/// One encoded row: ids, types, real length, label.
-type Row = (Vec<i32>, Vec<i32>, usize, i32);
-
-fn encode(tok: &dyn Tokenizer, examples: &[GlueExample], seq: usize) -> Result<Vec<Row>> {
-    let sp = tok.special_ids();
-    let (Some(cls), Some(sep)) = (sp.cls, sp.sep) else {
-        bail!("tokenizer {} has no [CLS]/[SEP]: finetuning needs a BERT WordPiece vocabulary", tok.name());
-    };
-    let pad = sp.pad.unwrap_or(0) as i64;
-    examples
-        .iter()
-        .map(|e| {
-            let a: Vec<i64> = tok.encode(&e.text_a)?.into_iter().map(i64::from).collect();
-            let b: Vec<i64> = tok.encode(&e.text_b)?.into_iter().map(i64::from).collect();
-            let (ids, types, len) = build_pair_sample(&a, Some(&b), seq, cls as i64, sep as i64, pad);
-            let i32s = |v: Vec<i64>| v.into_iter().map(|x| x as i32).collect::<Vec<_>>();
-            Ok((i32s(ids), i32s(types), len, e.label as i32))
-        })
-        .collect()
-}
-
 fn batch(rows: &[&Row], seq: usize, seed: u64) -> BertBatch {
     let n = rows.len();
     BertBatch {
@@ -113,19 +94,32 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Accuracy of the classifier on `rows` (eval mode).
-fn accuracy(model: &mut BertClassifier, rows: &[Row], seq: usize, mbs: usize) -> Result<usize> {
+/// Correct predictions of the classifier on `examples` (eval mode).
+fn accuracy(model: &mut BertClassifier, examples: &[Example], seq: usize, mbs: usize) -> Result<usize> {
     let mut correct = 0;
-    for chunk in rows.chunks(mbs) {
-        let refs: Vec<&Row> = chunk.iter().collect();
+    for chunk in examples.chunks(mbs) {
+        let refs: Vec<&Row> = chunk.iter().flatten().collect();
         let out = model.forward(&batch(&refs, seq, 0), Mode::Eval)?;
-        correct += out.predictions.iter().zip(chunk).filter(|(p, r)| **p as i32 == r.3).count();
+        correct += out.predictions.iter().zip(chunk).filter(|(p, e)| **p as i32 == e[0].3).count();
     }
     Ok(correct)
 }
 
+/// What a finetuning run gave (for tests): per epoch the mean training loss and the
+/// accuracy (%) on each `--valid-data` path.
+#[derive(Clone, Debug, Default)]
+pub struct FinetuneSummary {
+    pub epoch_losses: Vec<f64>,
+    pub accuracies: Vec<Vec<f64>>,
+}
+
 pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
-    let task = GlueTask::parse(&args.task)?;
+    finetune(args, registry).map(|_| ())
+}
+
+/// [`run`], returning the per-epoch numbers.
+pub fn finetune(args: &FinetuneArgs, registry: &Registry) -> Result<FinetuneSummary> {
+    let task = FinetuneTask::parse(&args.task)?;
     if args.micro_batch_size == 0 || args.epochs == 0 || args.seq_length < 3 {
         bail!("--micro-batch-size and --epochs must be >= 1 and --seq-length >= 3");
     }
@@ -137,21 +131,21 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
     if seq > loaded.model.config().max_position_embeddings {
         bail!("--seq-length {seq} exceeds the model's {} positions", loaded.model.config().max_position_embeddings);
     }
-    let read = |paths: &[PathBuf]| -> Result<Vec<(PathBuf, Vec<Row>)>> {
-        paths
-            .iter()
-            .map(|p| Ok((p.clone(), encode(loaded.tokenizer.as_ref(), &read_glue_tsv(p, task)?, seq)?)))
-            .collect()
+    let read = |paths: &[PathBuf]| -> Result<Vec<(PathBuf, Vec<Example>)>> {
+        paths.iter().map(|p| Ok((p.clone(), task.read(p, loaded.tokenizer.as_ref(), seq)?))).collect()
     };
-    let train: Vec<Row> = read(&args.train_data)?.into_iter().flat_map(|(_, r)| r).collect();
+    let train: Vec<Example> = read(&args.train_data)?.into_iter().flat_map(|(_, r)| r).collect();
     let valid = read(&args.valid_data)?;
-    let mut model = BertClassifier::new(loaded.model, task.num_classes(), args.seed)?;
+    let mut model = match task {
+        FinetuneTask::Race => BertClassifier::multiple_choice(loaded.model, task.choices(), args.seed)?,
+        FinetuneTask::Glue(_) => BertClassifier::new(loaded.model, task.num_classes(), args.seed)?,
+    };
     let backend = model.bert.backend();
     let mut adam = megatron_optim::Adam::new(megatron_optim::AdamConfig::default())?;
     let mbs = args.micro_batch_size;
     let per_epoch = train.len() / mbs;
     if per_epoch == 0 {
-        bail!("{} training rows are fewer than --micro-batch-size {mbs}", train.len());
+        bail!("{} training examples are fewer than --micro-batch-size {mbs}", train.len());
     }
     let total = per_epoch * args.epochs;
     let warmup = (args.lr_warmup_fraction * total as f64).round() as usize;
@@ -163,9 +157,11 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
         }
     };
     println!(
-        "finetuning {task:?} ({} classes) from {} (iteration {}): {} training rows, {per_epoch} iterations per epoch, \
+        "finetuning {} ({} {}) from {} (iteration {}): {} training examples, {per_epoch} iterations per epoch, \
          {} epochs",
+        task.name(),
         task.num_classes(),
+        if task.choices() > 1 { "options per question" } else { "classes" },
         args.load.load.display(),
         loaded.iteration,
         train.len(),
@@ -174,6 +170,7 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
     let ctx = ParallelContext::single();
     let mut it = 0usize;
     let mut dump = args.dump_first_step.as_ref().map(|_| StepDump::default());
+    let mut summary = FinetuneSummary::default();
     for epoch in 0..args.epochs {
         // Fisher-Yates with a per-epoch stream: the order depends on --seed and the epoch only.
         let mut order: Vec<usize> = (0..train.len()).collect();
@@ -182,18 +179,21 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
             order.swap(i, j);
         }
         let (mut loss_sum, mut rows_seen) = (0.0, 0usize);
+        let mut epoch_loss = 0.0;
         for step in 0..per_epoch {
-            let rows: Vec<&Row> = order[step * mbs..(step + 1) * mbs].iter().map(|&i| &train[i]).collect();
+            let rows: Vec<&Row> = order[step * mbs..(step + 1) * mbs].iter().flat_map(|&i| &train[i]).collect();
             zero_grads(&mut model, backend.as_ref())?;
             let x = batch(&rows, seq, mix(args.seed + it as u64));
             // The first --dump-steps steps go to the --dump-first-step file.
             let dumping = dump.is_some() && it < args.dump_steps;
             let tag = format!("s{it:03}");
             if let Some(d) = dump.as_mut().filter(|_| dumping) {
-                d.add_ints(&format!("{tag}.tokens"), &[mbs, seq], x.tokens.iter().map(|&v| v as i64));
-                d.add_ints(&format!("{tag}.types"), &[mbs, seq], x.types.iter().map(|&v| v as i64));
-                d.add_ints(&format!("{tag}.lengths"), &[mbs], x.lengths.iter().map(|&v| v as i64));
-                d.add_ints(&format!("{tag}.labels"), &[mbs], x.is_random.iter().map(|&v| v as i64));
+                // Rows (mbs · choices of them) and one label per example.
+                let (n, c) = (x.batch, task.choices());
+                d.add_ints(&format!("{tag}.tokens"), &[n, seq], x.tokens.iter().map(|&v| v as i64));
+                d.add_ints(&format!("{tag}.types"), &[n, seq], x.types.iter().map(|&v| v as i64));
+                d.add_ints(&format!("{tag}.lengths"), &[n], x.lengths.iter().map(|&v| v as i64));
+                d.add_ints(&format!("{tag}.labels"), &[mbs], x.is_random.iter().step_by(c).map(|&v| v as i64));
                 if it == 0 {
                     d.add_params("before", &model.params(), false, backend.as_ref())?;
                 }
@@ -211,7 +211,7 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
                 norm
             };
             if let Some(d) = dump.as_mut().filter(|_| dumping) {
-                d.add(&format!("{tag}.logits"), &[mbs, task.num_classes()], out.logits.clone());
+                d.add(&format!("{tag}.logits"), &[mbs, model.ways()], out.logits.clone());
                 d.add(&format!("{tag}.loss"), &[1], vec![(out.loss_sum / mbs as f64) as f32]);
                 d.add(&format!("{tag}.grad_norm"), &[1], vec![grad_norm as f32]);
                 d.add(&format!("{tag}.lr"), &[1], vec![lr as f32]);
@@ -220,12 +220,15 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
                 if let (Some(mut d), Some(path)) = (dump.take(), &args.dump_first_step) {
                     d.add("weight_decay", &[1], vec![args.weight_decay as f32]);
                     d.add("clip_grad", &[1], vec![args.clip_grad as f32]);
+                    d.add("choices", &[1], vec![task.choices() as f32]);
                     d.add_params("after", &model.params(), false, backend.as_ref())?;
-                    return d.write(path);
+                    d.write(path)?;
+                    return Ok(summary);
                 }
             }
             it += 1;
             loss_sum += out.loss_sum;
+            epoch_loss += out.loss_sum;
             rows_seen += mbs;
             if it.is_multiple_of(args.log_interval) {
                 println!(
@@ -245,10 +248,13 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
                 train.len()
             );
         }
+        summary.epoch_losses.push(epoch_loss / (per_epoch * mbs) as f64);
+        let mut accuracies = Vec::new();
         for (path, rows) in &valid {
             let correct = accuracy(&mut model, rows, seq, mbs)?;
+            accuracies.push(100.0 * correct as f64 / rows.len() as f64);
             let mut counts = vec![0usize; task.num_classes()];
-            rows.iter().for_each(|r| counts[r.3 as usize] += 1);
+            rows.iter().for_each(|e| counts[e[0].3 as usize] += 1);
             let majority = counts.iter().max().copied().unwrap_or(0);
             println!(
                 "epoch {} | {}: accuracy {:.2}% ({correct}/{}) | majority class {:.2}%",
@@ -259,9 +265,10 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
                 100.0 * majority as f64 / rows.len() as f64
             );
         }
+        summary.accuracies.push(accuracies);
         if let Some(dir) = &args.save {
             let mut meta_args = loaded.args.clone();
-            meta_args["finetune_task"] = serde_json::json!(format!("{task:?}"));
+            meta_args["finetune_task"] = serde_json::json!(task.name());
             meta_args["finetune_classes"] = serde_json::json!(task.num_classes());
             let meta = megatron_checkpoint::CheckpointMeta { args: meta_args, ..Default::default() };
             let path = megatron_checkpoint::save(dir, it as u64, &model.params(), None, meta, backend.as_ref(), &ctx)
@@ -269,7 +276,7 @@ pub fn run(args: &FinetuneArgs, registry: &Registry) -> Result<()> {
             println!("saved {}", path.display());
         }
     }
-    Ok(())
+    Ok(summary)
 }
 
 fn zero_grads(model: &mut BertClassifier, backend: &dyn Backend) -> Result<()> {

@@ -29,6 +29,15 @@ pub mod finetune_cli;
     feature = "datasets",
     feature = "optim"
 ))]
+pub mod finetune_data;
+#[cfg(all(
+    feature = "bert",
+    feature = "gpt",
+    feature = "checkpoint",
+    feature = "tokenizers",
+    feature = "datasets",
+    feature = "optim"
+))]
 pub mod finetune_dump;
 #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
 pub mod generate;

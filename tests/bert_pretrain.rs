@@ -14,9 +14,14 @@ fn fixture() -> PathBuf {
 
 /// A 2-layer, 32-wide BERT on sequences of 32; dropout off so layouts are comparable.
 fn bert_flags(extra: &str) -> Vec<String> {
+    bert_flags_layers(2, extra)
+}
+
+/// [`bert_flags`] with `layers` encoder layers.
+fn bert_flags_layers(layers: usize, extra: &str) -> Vec<String> {
     let f = fixture();
     let mut v = flags(&format!(
-        "--model bert --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 \
+        "--model bert --num-layers {layers} --hidden-size 32 --num-attention-heads 4 --seq-length 32 \
          --max-position-embeddings 32 --micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --min-lr 3e-4 \
          --lr-decay-style cosine --lr-warmup-iters 2 --weight-decay 0.01 --clip-grad 1.0 --seed 1234 \
          --hidden-dropout 0 --attention-dropout 0 --split 90,10,0 --eval-interval 6 --eval-iters 1 \
@@ -28,52 +33,122 @@ fn bert_flags(extra: &str) -> Vec<String> {
     v
 }
 
-/// The `sop loss` values of a `--metrics-jsonl` file, in order.
-fn sop_losses(path: &std::path::Path) -> Vec<f64> {
+/// The values of one `--metrics-jsonl` tag, in order.
+fn tag_values(path: &std::path::Path, tag: &str) -> Vec<f64> {
     let text = std::fs::read_to_string(path).unwrap();
     text.lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["tag"] == "sop loss")
+        .filter(|v| v["tag"] == tag)
         .filter_map(|v| v.get("value").and_then(|x| x.as_f64()))
         .collect()
+}
+
+/// The training `sop loss` values, then the validation ones (`sop loss validation`).
+fn sop_losses(path: &std::path::Path) -> Vec<f64> {
+    let mut v = tag_values(path, "sop loss");
+    v.extend(tag_values(path, "sop loss validation"));
+    v
+}
+
+/// A 12-iteration run of `bert_flags(extra)` (jsonl metrics in `dir`): the summary and its
+/// sop losses (training, then validation).
+fn run_bert(dir: &std::path::Path, name: &str, extra: &str) -> (megatron::train::TrainSummary, Vec<f64>) {
+    run_bert_layers(dir, name, 2, extra)
+}
+
+/// [`run_bert`] with `layers` encoder layers.
+fn run_bert_layers(
+    dir: &std::path::Path,
+    name: &str,
+    layers: usize,
+    extra: &str,
+) -> (megatron::train::TrainSummary, Vec<f64>) {
+    let jsonl = dir.join(format!("{name}.jsonl"));
+    let s =
+        pretrain(&bert_flags_layers(layers, &format!("--train-iters 12 --metrics-jsonl {} {extra}", jsonl.display())))
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    (s, sop_losses(&jsonl))
+}
+
+/// Losses, gradient norms, sop losses (training and validation) and validation losses of a
+/// parallel run equal the reference's within 1e-5 relative.
+fn assert_same_run(
+    name: &str,
+    (s, sop): &(megatron::train::TrainSummary, Vec<f64>),
+    (reference, sop_ref): &(megatron::train::TrainSummary, Vec<f64>),
+) {
+    for (a, b) in [
+        (&s.losses, &reference.losses),
+        (&s.grad_norms, &reference.grad_norms),
+        (&s.valid_losses, &reference.valid_losses),
+    ] {
+        assert_eq!(a.len(), b.len(), "{name}");
+        for ((i, x), (_, y)) in a.iter().zip(b.iter()) {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "{name} iteration {i}: {x} vs single rank {y}");
+        }
+    }
+    assert_eq!(sop.len(), sop_ref.len(), "{name}");
+    for (x, y) in sop.iter().zip(sop_ref) {
+        assert!((x - y).abs() <= 1e-5 * y.abs(), "{name} sop loss {x} vs single rank {y}");
+    }
 }
 
 #[test]
 fn bert_pretrains_and_tp2_dp2_pp2_match_the_single_rank_run() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |name: &str, extra: &str| {
-        let jsonl = dir.path().join(format!("{name}.jsonl"));
-        let s = pretrain(&bert_flags(&format!("--train-iters 12 --metrics-jsonl {} {extra}", jsonl.display())))
-            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
-        (s, sop_losses(&jsonl))
-    };
-    let (reference, sop_ref) = run("tp1", "");
-    assert_eq!(reference.losses.len(), 12);
-    // 4 log lines' sop averages, each near ln 2 at the start of training.
-    assert_eq!(sop_ref.len(), 4, "sop loss values: {sop_ref:?}");
+    let reference = run_bert(dir.path(), "tp1", "");
+    let (summary, sop_ref) = &reference;
+    assert_eq!(summary.losses.len(), 12);
+    // 4 log lines' sop averages, then 3 validation passes' (iterations 6, 12 and the final
+    // one), each near ln 2 at the start of training.
+    assert_eq!(sop_ref.len(), 4 + 3, "sop loss values: {sop_ref:?}");
     assert!(sop_ref.iter().all(|s| s.is_finite() && (0.3..1.2).contains(s)), "{sop_ref:?}");
-    let first = reference.losses[0].1;
+    let first = summary.losses[0].1;
     // 216 vocab.txt entries + Megatron's [BOS] and [EOS].
     assert!((first - (218f64).ln()).abs() < 0.5, "initial lm loss {first} should be near ln(218)");
-    assert_eq!(reference.valid_losses.len(), 3);
+    assert_eq!(summary.valid_losses.len(), 3);
     for (name, extra) in [
         ("tp2", "--nproc 2 --tensor-model-parallel-size 2"),
         ("dp2", "--nproc 2"),
         ("pp2", "--nproc 2 --pipeline-model-parallel-size 2"),
         ("tp2pp2", "--nproc 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"),
     ] {
-        let (s, sop) = run(name, extra);
-        for (a, b) in [(&s.losses, &reference.losses), (&s.grad_norms, &reference.grad_norms)] {
-            for ((i, x), (_, y)) in a.iter().zip(b.iter()) {
-                assert!((x - y).abs() <= 1e-5 * y.abs(), "{name} iteration {i}: {x} vs single rank {y}");
-            }
-        }
-        for (x, y) in sop.iter().zip(&sop_ref) {
-            assert!((x - y).abs() <= 1e-5 * y.abs(), "{name} sop loss {x} vs single rank {y}");
-        }
-        assert_eq!(sop.len(), sop_ref.len());
-        assert_eq!(s.valid_losses.len(), reference.valid_losses.len());
+        assert_same_run(name, &run_bert(dir.path(), name, extra), &reference);
     }
+}
+
+#[test]
+fn bert_uneven_pipeline_splits_match_the_single_rank_run() {
+    // Megatron's --decoder-first/last-pipeline-num-layers: 3 encoder layers as 2 + 1 and 1 + 2
+    // train the same model as one rank (global layer numbers: same names, init, dropout).
+    let dir = tempfile::tempdir().unwrap();
+    let reference = run_bert_layers(dir.path(), "l3", 3, "");
+    let pp2 = "--nproc 2 --pipeline-model-parallel-size 2";
+    for (name, extra) in [
+        ("first2", format!("{pp2} --decoder-first-pipeline-num-layers 2")),
+        ("last2", format!("{pp2} --decoder-last-pipeline-num-layers 2")),
+    ] {
+        assert_same_run(name, &run_bert_layers(dir.path(), name, 3, &extra), &reference);
+    }
+    let err = format!(
+        "{:#}",
+        pretrain(&bert_flags_layers(3, &format!("--train-iters 1 {pp2} --decoder-first-pipeline-num-layers 3")))
+            .unwrap_err()
+    );
+    assert!(err.contains("--decoder-first-pipeline-num-layers 3") && err.contains("1 other stage"), "{err}");
+}
+
+#[test]
+fn bert_validation_prints_lm_and_sop_loss() {
+    // The framed validation line carries both losses, as Megatron's `evaluate_and_print_results`.
+    let line = megatron::train::log::validation_block_with("iteration 6", 5.0, &[("sop loss".into(), 0.7)]);
+    assert!(
+        line.contains(
+            "| lm loss value: 5.000000E+00 | lm loss PPL: 1.484132E+02 | sop loss value: 7.000000E-01 | sop loss \
+             PPL: 2.013753E+00 |"
+        ),
+        "{line}"
+    );
 }
 
 #[test]
@@ -95,7 +170,8 @@ fn bert_lm_loss_goes_down() {
 fn bert_flag_errors_name_the_fix() {
     let err = |extra: &str| format!("{:#}", pretrain(&bert_flags(extra)).unwrap_err());
     assert!(err("--train-iters 1 --context-parallel-size 2 --nproc 2").contains("--context-parallel-size 1"));
-    assert!(err("--train-iters 1 --pipeline-model-parallel-size 2 --nproc 2 --num-layers 3").contains("even split"));
+    let e = err("--train-iters 1 --pipeline-model-parallel-size 2 --nproc 2 --num-layers 3");
+    assert!(e.contains("multiple of --pipeline-model-parallel-size 2") && e.contains("uneven split"), "{e}");
     assert!(err("--train-iters 1 --swiglu").contains("LayerNorm, GeLU"));
     let mut no_vocab = bert_flags("--train-iters 1");
     let i = no_vocab.iter().position(|f| f == "--tokenizer-type").unwrap();

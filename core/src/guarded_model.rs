@@ -125,4 +125,8 @@ impl Model for GuardedModel {
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         self.fallible("take_metrics", |m| Ok(m.take_metrics())).unwrap_or_default()
     }
+
+    fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
+        self.fallible("take_eval_metrics", |m| Ok(m.take_eval_metrics())).unwrap_or_default()
+    }
 }

@@ -330,4 +330,12 @@ pub trait Model: Send {
     fn set_forward_pre_hook(&mut self, _hook: crate::SharedForwardPreHook) -> bool {
         false
     }
+
+    /// Named per-microbatch values of the evaluation forwards since the last call (BERT's
+    /// `sop loss`), drained; the driver averages each name over the microbatches of a
+    /// validation/test pass and prints it next to the `lm loss`, as Megatron's `evaluate`
+    /// does with every key of the loss dict.
+    fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 }

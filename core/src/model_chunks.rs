@@ -107,6 +107,9 @@ impl Model for ModelChunks {
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         self.chunks.iter_mut().flat_map(|c| c.take_metrics()).collect()
     }
+    fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
+        self.chunks.iter_mut().flat_map(|c| c.take_eval_metrics()).collect()
+    }
     fn num_model_chunks(&self) -> usize {
         self.chunks.len()
     }

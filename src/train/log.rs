@@ -86,8 +86,17 @@ pub fn sci(x: f64) -> String {
 
 /// The framed validation block of SPEC §6.11.
 pub fn validation_block(label: &str, loss: f64) -> String {
+    validation_block_with(label, loss, &[])
+}
+
+/// [`validation_block`] with the model's evaluation values after the `lm loss` (BERT's `sop
+/// loss`): `{name} value: … | {name} PPL: … |` for each, as Megatron prints every loss key.
+pub fn validation_block_with(label: &str, loss: f64, extra: &[(String, f64)]) -> String {
     let ppl = loss.min(20.0).exp();
-    let line = format!(" validation loss at {label} | lm loss value: {} | lm loss PPL: {} | ", sci(loss), sci(ppl));
+    let mut line = format!(" validation loss at {label} | lm loss value: {} | lm loss PPL: {} | ", sci(loss), sci(ppl));
+    for (name, v) in extra {
+        line += &format!("{name} value: {} | {name} PPL: {} | ", sci(*v), sci(v.min(20.0).exp()));
+    }
     let dashes = "-".repeat(line.len() + 1);
     format!("{dashes}\n{line}\n{dashes}")
 }

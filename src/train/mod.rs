@@ -298,11 +298,19 @@ impl Trainer {
 
     fn run_validation(&mut self, label: &str) -> Result<Option<f64>> {
         let Some(cursor) = self.valid.clone() else { return Ok(None) };
+        self.model.take_eval_metrics();
         let (loss, used) = self.evaluate(&cursor, self.state.consumed_valid_samples, self.cfg.args.eval_iters)?;
+        let extra = self.eval_metric_averages();
         self.state.consumed_valid_samples += used;
         if self.is_logging_rank() {
-            println!("{}", log::validation_block(label, loss));
+            println!("{}", log::validation_block_with(label, loss, &extra));
             self.emit("lm loss validation", loss)?;
+            for (name, v) in &extra {
+                self.emit(&format!("{name} validation"), *v)?;
+                if self.cfg.args.log_validation_ppl_to_tensorboard {
+                    self.emit(&format!("{name} validation ppl"), v.min(20.0).exp())?;
+                }
+            }
             if self.cfg.args.log_validation_ppl_to_tensorboard {
                 self.emit("lm loss validation ppl", loss.min(20.0).exp())?;
             }
@@ -312,11 +320,21 @@ impl Trainer {
 
     fn run_test(&mut self, label: &str) -> Result<()> {
         let Some(cursor) = self.test.clone() else { return Ok(()) };
+        self.model.take_eval_metrics();
         let (loss, _) = self.evaluate(&cursor, 0, self.cfg.args.eval_iters)?;
+        let extra = self.eval_metric_averages();
         if self.is_logging_rank() {
-            println!("{}", log::validation_block(label, loss));
+            println!("{}", log::validation_block_with(label, loss, &extra));
         }
         Ok(())
+    }
+
+    /// The model's evaluation values of the pass just run (BERT's `sop loss`), each averaged
+    /// over its microbatches as Megatron's `evaluate` averages every loss key.
+    fn eval_metric_averages(&mut self) -> Vec<(String, f64)> {
+        let mut m = log::ModelMetrics::default();
+        m.add(self.model.take_eval_metrics());
+        m.averages()
     }
 }
 

@@ -9,6 +9,7 @@ pub mod dataset;
 pub mod glue;
 pub mod masking;
 pub mod plugin;
+pub mod race;
 pub mod rng;
 pub mod sample_index;
 

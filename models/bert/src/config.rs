@@ -47,6 +47,12 @@ pub struct BertConfig {
     /// of the `bert` dataset for `--seq-length s` (`src/batch.rs`) and the model reports
     /// Megatron's `lm loss` and `sop loss`; `None`: plain rows of token type 0, LM loss only.
     pub seq_length: Option<usize>,
+    /// Encoder layers of the first pipeline stage (`--decoder-first-pipeline-num-layers`);
+    /// `None` with `decoder_last_pipeline_num_layers` also `None`: an even split
+    /// (`megatron_transformer::pipeline_split`).
+    pub decoder_first_pipeline_num_layers: Option<usize>,
+    /// Encoder layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
+    pub decoder_last_pipeline_num_layers: Option<usize>,
 }
 
 impl Default for BertConfig {
@@ -69,6 +75,8 @@ impl Default for BertConfig {
             init_method_std: 0.02,
             seed: 1234,
             seq_length: None,
+            decoder_first_pipeline_num_layers: None,
+            decoder_last_pipeline_num_layers: None,
         }
     }
 }
@@ -101,6 +109,13 @@ impl BertConfig {
             );
         }
         self.transformer_config().validate(1)
+    }
+
+    /// Global encoder layers of pipeline stage `stage` of `pp` (even, or uneven with the
+    /// first/last counts; SPEC §5.5).
+    pub fn stage_layers(&self, pp: usize, stage: usize) -> Result<std::ops::Range<usize>> {
+        let (first, last) = (self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers);
+        megatron_transformer::pipeline_split::stage_range(self.num_layers, pp, stage, first, last)
     }
 
     pub fn transformer_config(&self) -> TransformerConfig {

@@ -12,7 +12,8 @@
 //!   (`Σ ce·mask / Σ mask`) as one unit (`num_tokens = 1`, so the schedule's scale is the
 //!   microbatch average, as Megatron's BERT loss), the backward adds the `sop loss` (the sum
 //!   `lm + sop` is the objective, as in `pretrain_bert.py`), and `take_metrics` returns the sop
-//!   loss averaged over data-parallel ranks (the log line's `sop loss`);
+//!   loss averaged over data-parallel ranks (the log line's `sop loss`), `take_eval_metrics`
+//!   that of the evaluation forwards (the validation block's `sop loss value`);
 //! * without it a batch is read as unpadded rows of token type 0 and only the LM loss (per
 //!   token) is reported.
 
@@ -65,7 +66,7 @@ impl Model for BertModel {
         let x = self.batch_of(batch)?;
         let l = self.forward_bert(&x, mode)?;
         self.pending = (mode == Mode::Train).then_some(l);
-        self.report(l, mode == Mode::Train)
+        self.report(l, mode)
     }
 
     fn backward(&mut self, grad_scale: f32) -> Result<()> {
@@ -121,6 +122,10 @@ impl Model for BertModel {
 
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         std::mem::take(&mut self.metrics)
+    }
+
+    fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
+        std::mem::take(&mut self.eval_metrics)
     }
 
     fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {

@@ -14,19 +14,20 @@
 //! takes the two scales (`1/Σ loss_mask` and `1/rows` for the mean losses).
 
 use crate::config::{BertConfig, LayerNormPlacement};
-use crate::heads::{sop_cross_entropy, BinaryHead};
+use crate::heads::BinaryHead;
 use crate::layer::BertLayer;
-use anyhow::{bail, Context, Result};
-use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, Mode, ParallelContext, Param};
-use megatron_transformer::layer::hidden_dropout;
-use megatron_transformer::linear::{linear_backward, linear_forward};
-use megatron_transformer::step::{empty, ensure_shape};
-use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
+use anyhow::{Context, Result};
+use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, ParallelContext, Param};
+use megatron_transformer::step::empty;
 use megatron_transformer::{
-    BackwardScratch, DropoutSite, Init, LanguageModelEmbedding, LayerNorm, LocalSpecProvider, ModuleBuilder, NormLayer,
+    BackwardScratch, Init, LanguageModelEmbedding, LayerNorm, LocalSpecProvider, ModuleBuilder, NormLayer,
     SpecProvider, Split, StepInfo, VocabParallelCrossEntropy,
 };
 use std::sync::Arc;
+
+// The encoder forward/backward and the pretraining losses (the LM and sentence-order heads).
+mod encode;
+mod losses;
 
 /// One BERT microbatch, `(B, T)` row-major (Megatron's `text`, `types`, `labels`,
 /// `loss_mask`, `padding_mask` as per-row lengths, `is_random`).
@@ -117,6 +118,8 @@ pub struct BertModel {
     pub(crate) pending: Option<BertLosses>,
     /// `sop loss` values for `Model::take_metrics` (one per training microbatch).
     pub(crate) metrics: Vec<(String, f64)>,
+    /// `sop loss` values for `Model::take_eval_metrics` (one per evaluation microbatch).
+    pub(crate) eval_metrics: Vec<(String, f64)>,
     /// Pipeline stages: the in-flight training microbatches ([`crate::stage`]).
     pub(crate) stage_stash: std::collections::BTreeMap<usize, crate::stage::InFlight>,
     /// The microbatch whose activations the module buffers hold.
@@ -135,7 +138,7 @@ impl BertModel {
         provider: &dyn SpecProvider,
     ) -> Result<BertModel> {
         config.validate()?;
-        let layer_range = crate::stage::stage_layers(config.num_layers, ctx.pp_size(), ctx.pp_rank)?;
+        let layer_range = config.stage_layers(ctx.pp_size(), ctx.pp_rank)?;
         let (first, last) = (ctx.pp_rank == 0, ctx.is_last_stage());
         let tp = ctx.tp_size();
         let vocab_padded = config.padded_vocab_size(tp)?;
@@ -216,6 +219,7 @@ impl BertModel {
             enc_saved: None,
             pending: None,
             metrics: Vec::new(),
+            eval_metrics: Vec::new(),
             stage_stash: Default::default(),
             stage_live: None,
             shared_embedding,
@@ -255,305 +259,6 @@ impl BertModel {
 
     fn upload_i32(&self, v: &[i32]) -> Result<DeviceTensor> {
         self.backend.from_host(HostBuffer::I32(v.to_vec()), &[v.len()])
-    }
-
-    fn check_batch(&self, x: &BertBatch) -> Result<()> {
-        let n = x.batch * x.seq;
-        if x.tokens.len() != n || x.labels.len() != n || x.loss_mask.len() != n || x.types.len() != n {
-            bail!(
-                "bert batch of {}x{} has {} tokens, {} types, {} labels, {} loss-mask entries; all must be {n}",
-                x.batch,
-                x.seq,
-                x.tokens.len(),
-                x.types.len(),
-                x.labels.len(),
-                x.loss_mask.len()
-            );
-        }
-        if x.lengths.len() != x.batch || x.lengths.iter().any(|&l| l == 0 || l > x.seq) {
-            bail!(
-                "bert batch: lengths {:?} must give every one of the {} rows 1..={} real tokens",
-                x.lengths,
-                x.batch,
-                x.seq
-            );
-        }
-        if self.binary_head.is_some() && x.is_random.len() != x.batch {
-            bail!(
-                "bert batch: {} is_random labels for {} rows (the binary head needs one per row)",
-                x.is_random.len(),
-                x.batch
-            );
-        }
-        if x.seq > self.config.max_position_embeddings {
-            bail!("sequence length {} > max_position_embeddings {}", x.seq, self.config.max_position_embeddings);
-        }
-        for (i, &id) in x.tokens.iter().enumerate() {
-            if id < 0 || id as usize >= self.config.vocab_size {
-                bail!("token id {id} at position {i} is outside the vocabulary [0, {})", self.config.vocab_size);
-            }
-        }
-        let types = self.config.num_tokentypes.max(1) as i32;
-        if let Some(bad) = x.types.iter().find(|&&t| t < 0 || t >= types) {
-            bail!("token type {bad} is outside [0, {types}) (num_tokentypes = {})", self.config.num_tokentypes);
-        }
-        for (i, (&l, &m)) in x.labels.iter().zip(&x.loss_mask).enumerate() {
-            if m != 0.0 && (l < 0 || l as usize >= self.config.vocab_size) {
-                bail!("label {l} at masked position {i} is outside the vocabulary [0, {})", self.config.vocab_size);
-            }
-        }
-        Ok(())
-    }
-
-    /// Embeddings → encoder layers → (final LayerNorm) into `self.hidden` `(B, T, C)`.
-    fn encode(&mut self, x: &BertBatch, mode: Mode) -> Result<Encoded> {
-        self.encode_stage(x, mode, None)
-    }
-
-    /// [`Self::encode`] of one pipeline stage: the embeddings on the first stage, else
-    /// `input (B, T, C)` (the previous stage's output); `self.hidden` is this stage's output
-    /// (after the final LayerNorm on the last stage).
-    pub(crate) fn encode_stage(&mut self, x: &BertBatch, mode: Mode, input: Option<&DeviceTensor>) -> Result<Encoded> {
-        self.check_batch(x)?;
-        self.saved = None;
-        self.enc_saved = None;
-        let step = StepInfo { batch: x.batch, seq: x.seq, train: mode == Mode::Train, seed: x.seed };
-        let backend = self.backend.clone();
-        let bk = backend.as_ref();
-        let h = self.config.hidden_size;
-        let shape = [x.batch, x.seq, h];
-        for t in self.residuals.iter_mut().chain([
-            &mut self.emb,
-            &mut self.hidden,
-            &mut self.lm_dense,
-            &mut self.lm_act,
-            &mut self.lm_norm,
-            &mut self.d_a,
-            &mut self.d_b,
-        ]) {
-            ensure_shape(bk, t, &shape)?;
-        }
-        let ids = self.upload_i32(&x.tokens)?;
-        let types = self.upload_i32(&x.types)?;
-        let lengths = self.upload_i32(&x.lengths.iter().map(|&l| l as i32).collect::<Vec<_>>())?;
-        match (self.embedding.as_mut(), input) {
-            (Some(embedding), None) => {
-                // Embeddings: word + position (+ type), (LayerNorm,) dropout.
-                embedding.forward(&ids, &mut self.emb, &step)?;
-                if let Some(tt) = &self.tokentype_embeddings {
-                    bk.embedding_forward(&types, &tt.value, 0, &mut self.emb, true)?;
-                }
-                match self.embedding_layernorm.as_mut() {
-                    Some(ln) => ln.forward(&self.emb, &mut self.residuals[0])?,
-                    None => bk.copy(&self.emb, &mut self.residuals[0])?,
-                }
-                let p = self.config.hidden_dropout;
-                hidden_dropout(bk, &mut self.residuals[0], p, 0, DropoutSite::Embedding, &step)?;
-            }
-            (None, Some(input)) => {
-                if input.shape() != shape {
-                    bail!(
-                        "bert stage input has shape {:?}, expected {shape:?} (batch, sequence, hidden)",
-                        input.shape()
-                    );
-                }
-                bk.copy(input, &mut self.residuals[0])?;
-            }
-            _ => bail!(
-                "bert pipeline stage {}: the first stage embeds tokens, every other stage takes the previous \
-                 stage's hidden states",
-                self.ctx.pp_rank
-            ),
-        }
-        for (l, layer) in self.layers.iter_mut().enumerate() {
-            let (done, rest) = self.residuals.split_at_mut(l + 1);
-            layer.forward(&done[l], &lengths, &mut rest[0], &step)?;
-        }
-        let last = &self.residuals[self.layers.len()];
-        match self.final_layernorm.as_mut() {
-            Some(ln) => ln.forward(last, &mut self.hidden)?,
-            None => bk.copy(last, &mut self.hidden)?,
-        }
-        Ok(Encoded { step, ids, types, lengths })
-    }
-
-    /// The encoder alone (no LM or binary head; finetuning heads read
-    /// [`Self::hidden_states`]); in [`Mode::Train`] keeps what [`Self::backward_encoder`] needs.
-    pub fn forward_encoder(&mut self, x: &BertBatch, mode: Mode) -> Result<()> {
-        let enc = self.encode(x, mode)?;
-        if enc.step.train {
-            self.enc_saved = Some(enc);
-        }
-        Ok(())
-    }
-
-    /// Backpropagates `d_hidden (B, T, C)` (host values) through the saved encoder forward.
-    pub fn backward_encoder(&mut self, d_hidden: Vec<f32>) -> Result<()> {
-        let enc = self.enc_saved.take().context("BertModel::backward_encoder without a training forward_encoder")?;
-        self.d_b = self.backend.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
-        self.backward_from_hidden(&enc)
-    }
-
-    /// Runs one microbatch; in [`Mode::Train`] keeps what [`Self::backward_bert`] needs.
-    pub fn forward_bert(&mut self, x: &BertBatch, mode: Mode) -> Result<BertLosses> {
-        self.forward_bert_stage(x, mode, None)
-    }
-
-    /// [`Self::forward_bert`] of the last pipeline stage (`input` from the previous stage).
-    pub(crate) fn forward_bert_stage(
-        &mut self,
-        x: &BertBatch,
-        mode: Mode,
-        input: Option<&DeviceTensor>,
-    ) -> Result<BertLosses> {
-        if !self.ctx.is_last_stage() {
-            bail!("bert: the losses are computed on the last pipeline stage, not on stage {}", self.ctx.pp_rank);
-        }
-        let enc = self.encode_stage(x, mode, input)?;
-        let step = enc.step;
-        let backend = self.backend.clone();
-        let bk = backend.as_ref();
-        // LM head.
-        linear_forward(
-            bk,
-            &self.hidden,
-            &self.lm_dense_weight.value,
-            Some(&self.lm_dense_bias.value),
-            &mut self.lm_dense,
-        )?;
-        crate::mlp::gelu_forward(bk, self.config.gelu_erf, &self.lm_dense, &mut self.lm_act)?;
-        self.lm_layernorm.forward(&self.lm_act, &mut self.lm_norm)?;
-        let local = self.vocab_padded / self.ctx.tp_size();
-        ensure_shape(bk, &mut self.logits, &[x.batch, x.seq, local])?;
-        let bias: Vec<f32> = bk
-            .to_host(&self.output_bias.value)?
-            .to_f32_vec()
-            .iter()
-            .zip(&self.vocab_mask)
-            .map(|(b, m)| b + m)
-            .collect();
-        let bias = bk.from_host(HostBuffer::F32(bias), &[local])?;
-        copy_to_tp_region_forward(&self.ctx, &self.lm_norm)?;
-        let w = match (&self.shared_embedding, &self.embedding) {
-            (Some(p), _) => &p.value,
-            (None, Some(e)) => &e.word_embeddings.weight.value,
-            (None, None) => bail!("bert pipeline stage {} holds no word embedding", self.ctx.pp_rank),
-        };
-        linear_forward(bk, &self.lm_norm, w, Some(&bias), &mut self.logits)?;
-        // Unmasked positions get target 0 (never counted: their loss mask is 0).
-        let targets: Vec<i32> =
-            x.labels.iter().zip(&x.loss_mask).map(|(&l, &m)| if m != 0.0 { l } else { 0 }).collect();
-        let labels = self.upload_i32(&targets)?;
-        let vocab_start = self.vocab_start();
-        let losses = self.cross_entropy.forward(&self.logits, &labels, vocab_start)?;
-        let mut out = BertLosses::default();
-        for (loss, &m) in losses.iter().zip(&x.loss_mask) {
-            if m != 0.0 {
-                out.lm_loss_sum += loss * m as f64;
-                out.lm_tokens += m as f64;
-            }
-        }
-        let mut sop_logits = Vec::new();
-        if let Some(head) = self.binary_head.as_mut() {
-            let hidden = bk.to_host(&self.hidden)?.to_f32_vec();
-            sop_logits = head.forward(bk, &hidden, x.batch, x.seq)?;
-            let (sum, count, _) = sop_cross_entropy(&sop_logits, &x.is_random);
-            out.sop_loss_sum = sum;
-            out.sop_rows = count;
-        }
-        if step.train {
-            self.saved =
-                Some(Saved { enc, labels, loss_mask: x.loss_mask.clone(), is_random: x.is_random.clone(), sop_logits });
-        }
-        Ok(out)
-    }
-
-    /// Backpropagates the saved microbatch with `d loss / d per-token lm loss = lm_scale ·
-    /// loss_mask` and `d loss / d per-row sop loss = sop_scale`, accumulating every gradient.
-    pub fn backward_bert(&mut self, lm_scale: f32, sop_scale: f32) -> Result<()> {
-        let saved = self.saved.take().context("BertModel::backward without a preceding training forward")?;
-        let step = saved.enc.step;
-        let backend = self.backend.clone();
-        let bk = backend.as_ref();
-        // Output layer (tied to the word embedding) and its bias.
-        let d_loss: Vec<f32> = saved.loss_mask.iter().map(|m| lm_scale * m).collect();
-        let d_loss = bk.from_host(HostBuffer::F32(d_loss), &[step.tokens()])?;
-        let vocab_start = self.vocab_start();
-        self.cross_entropy.backward_inplace(&mut self.logits, &saved.labels, vocab_start, &d_loss)?;
-        let we = match (self.shared_embedding.as_mut(), self.embedding.as_mut()) {
-            (Some(p), _) => p,
-            (None, Some(e)) => &mut e.word_embeddings.weight,
-            (None, None) => bail!("bert pipeline stage {} holds no word embedding", self.ctx.pp_rank),
-        };
-        linear_backward(
-            bk,
-            &self.lm_norm,
-            &we.value,
-            &self.logits,
-            Some(&mut self.d_a),
-            &mut we.grad,
-            Some(&mut self.output_bias.grad),
-        )?;
-        copy_to_tp_region_backward(&self.ctx, &mut self.d_a)?;
-        // LayerNorm → GeLU → dense.
-        self.lm_layernorm.backward(&self.d_a, &self.lm_act, &mut self.d_b)?;
-        crate::mlp::gelu_backward(bk, self.config.gelu_erf, &self.lm_dense, &self.d_b, &mut self.d_a)?;
-        let (w, g, bg) = (&self.lm_dense_weight.value, &mut self.lm_dense_weight.grad, &mut self.lm_dense_bias.grad);
-        linear_backward(bk, &self.hidden, w, &self.d_a, Some(&mut self.d_b), g, Some(bg))?;
-        // Binary head: its gradient enters at the first token of every row.
-        if let Some(head) = self.binary_head.as_mut() {
-            let (_, _, d) = sop_cross_entropy(&saved.sop_logits, &saved.is_random);
-            let d_cls = head.backward(bk, d.iter().map(|v| v * sop_scale).collect())?;
-            let mut d_hidden = bk.to_host(&self.d_b)?.to_f32_vec();
-            let c = self.config.hidden_size;
-            for r in 0..step.batch {
-                let row = &mut d_hidden[r * step.seq * c..r * step.seq * c + c];
-                row.iter_mut().zip(&d_cls[r * c..(r + 1) * c]).for_each(|(a, b)| *a += b);
-            }
-            self.d_b = bk.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
-        }
-        self.backward_from_hidden(&saved.enc)
-    }
-
-    /// The encoder's backward from `d hidden` in `self.d_b` `(B, T, C)`.
-    fn backward_from_hidden(&mut self, enc: &Encoded) -> Result<()> {
-        let backend = self.backend.clone();
-        let bk = backend.as_ref();
-        // Encoder: d_a becomes the residual-stream gradient.
-        let last = &self.residuals[self.layers.len()];
-        match self.final_layernorm.as_mut() {
-            Some(ln) => ln.backward(&self.d_b, last, &mut self.d_a)?,
-            None => bk.copy(&self.d_b, &mut self.d_a)?,
-        }
-        self.backward_layers(enc)
-    }
-
-    /// The backward of this stage's layers from the residual-stream gradient in `self.d_a`
-    /// `(B, T, C)`, then of the embeddings on the first stage; elsewhere `self.d_a` is left
-    /// holding the gradient of the stage input.
-    pub(crate) fn backward_layers(&mut self, enc: &Encoded) -> Result<()> {
-        let step = enc.step;
-        let backend = self.backend.clone();
-        let bk = backend.as_ref();
-        for (l, layer) in self.layers.iter_mut().enumerate().rev() {
-            layer.backward(&self.residuals[l], &enc.lengths, &mut self.d_a, &mut self.scratch, &step)?;
-        }
-        let Some(embedding) = self.embedding.as_mut() else {
-            return Ok(());
-        };
-        // Embeddings.
-        hidden_dropout(bk, &mut self.d_a, self.config.hidden_dropout, 0, DropoutSite::Embedding, &step)?;
-        let d_emb = match self.embedding_layernorm.as_mut() {
-            Some(ln) => {
-                ln.backward(&self.d_a, &self.emb, &mut self.d_b)?;
-                &self.d_b
-            }
-            None => &self.d_a,
-        };
-        if let Some(tt) = self.tokentype_embeddings.as_mut() {
-            bk.embedding_backward(&enc.types, d_emb, 0, &mut tt.grad)?;
-        }
-        embedding.backward(&enc.ids, d_emb, &step)
     }
 
     /// The `(B, T, V/tp)` logits of the last forward.

@@ -1,5 +1,6 @@
-//! BERT as pipeline stages (SPEC §5.5, the [`megatron_core::Model`] stage API): which layers a
-//! stage holds, the stage forward/backward and the tied-embedding gradient sum.
+//! BERT as pipeline stages (SPEC §5.5, the [`megatron_core::Model`] stage API): the stage
+//! forward/backward and the tied-embedding gradient sum. Which layers a stage holds is
+//! [`crate::BertConfig::stage_layers`] (even, or Megatron's uneven first/last split).
 //!
 //! Every stage receives the whole microbatch from the schedule (it needs the padding lengths;
 //! the last stage the labels and `is_random`). A stage keeps ONE set of activations in its
@@ -13,22 +14,6 @@
 use crate::model::{BertBatch, BertLosses, BertModel};
 use anyhow::{bail, Context, Result};
 use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
-use std::ops::Range;
-
-/// Global encoder layers of pipeline stage `stage` of `pp` (an even split).
-pub fn stage_layers(num_layers: usize, pp: usize, stage: usize) -> Result<Range<usize>> {
-    if pp == 0 || stage >= pp {
-        bail!("pipeline stage {stage} of {pp}: --pipeline-model-parallel-size must be >= 1");
-    }
-    if !num_layers.is_multiple_of(pp) || num_layers < pp {
-        bail!(
-            "bert: --num-layers {num_layers} must be a multiple of --pipeline-model-parallel-size {pp} (every \
-             stage gets the same number of encoder layers, at least one)"
-        );
-    }
-    let per = num_layers / pp;
-    Ok(stage * per..(stage + 1) * per)
-}
 
 /// What one stage's forward gives: the losses (last stage) or its output hidden states.
 enum StageRun {
@@ -55,19 +40,22 @@ impl BertModel {
     }
 
     /// The loss report of one microbatch's losses (see the crate docs); records the `sop
-    /// loss` metric (averaged over data-parallel ranks) when `metrics` is set.
-    pub(crate) fn report(&mut self, l: BertLosses, metrics: bool) -> Result<LossReport> {
+    /// loss` (averaged over data-parallel ranks): a training forward's for
+    /// `Model::take_metrics`, an evaluation forward's for `Model::take_eval_metrics`.
+    pub(crate) fn report(&mut self, l: BertLosses, mode: Mode) -> Result<LossReport> {
         if self.config.seq_length.is_none() {
             return Ok(LossReport { loss_sum: l.lm_loss_sum, num_tokens: l.lm_tokens });
         }
-        if metrics && self.binary_head.is_some() {
+        if self.binary_head.is_some() {
             // Megatron logs the sop loss averaged over the data-parallel group; every DP rank
-            // runs the same number of training forwards, so this collective pairs up.
+            // runs the same number of training (and of evaluation) forwards, so this
+            // collective pairs up.
             let ctx = self.ctx();
             let mut sop = [l.sop_loss_sum / l.sop_rows.max(1.0)];
             ctx.comm.all_reduce_f64(&ctx.dp_group, &mut sop, ReduceOp::Sum)?;
             let sop = sop[0] / ctx.dp_size() as f64;
-            self.metrics.push(("sop loss".to_string(), sop));
+            let sink = if mode == Mode::Train { &mut self.metrics } else { &mut self.eval_metrics };
+            sink.push(("sop loss".to_string(), sop));
         }
         Ok(LossReport { loss_sum: l.lm_loss_sum / l.lm_tokens.max(1.0), num_tokens: 1.0 })
     }
@@ -112,7 +100,7 @@ impl BertModel {
         }
         let out = self.run_stage(&x, input.as_ref(), mode)?;
         let (output, losses) = match out {
-            StageRun::Losses(l) => (StageOutput::Loss(self.report(l, mode == Mode::Train)?), l),
+            StageRun::Losses(l) => (StageOutput::Loss(self.report(l, mode)?), l),
             StageRun::Hidden(h) => (StageOutput::Hidden(h), BertLosses::default()),
         };
         // The buffers now hold this forward's activations (an eval forward's: nobody's).

@@ -17,7 +17,8 @@ pub mod hf_rope;
 pub mod inference;
 pub mod model;
 pub mod param_shapes;
-pub mod pipeline_split;
+// Moved to megatron-transformer (BERT shares it); the path `megatron_gpt::pipeline_split` stays.
+pub use megatron_transformer::pipeline_split;
 pub mod slots;
 mod stage;
 

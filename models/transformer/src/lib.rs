@@ -28,6 +28,8 @@ pub mod sequence_parallel;
 pub mod spec;
 pub mod step;
 pub mod tp_mappings;
+// Which global layers each pipeline stage owns (even or Megatron's uneven split): GPT, BERT.
+pub mod pipeline_split;
 
 pub use attention::{LayerKvCache, SelfAttention};
 pub use block::TransformerBlock;
