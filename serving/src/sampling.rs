@@ -7,6 +7,7 @@
 
 use rand::Rng;
 
+pub mod bench;
 mod lazy;
 
 /// The sampling knobs of one request.

@@ -89,6 +89,18 @@ impl<'a> Prefix<'a> {
     }
 }
 
+/// The next prefix length: x[`GROWTH`], or the whole vocabulary once that passes a quarter of
+/// it (a flat distribution's nucleus is most of the vocabulary: one sort of the rest is then
+/// cheaper than more rounds of selection).
+fn next_size(m: usize, v: usize) -> usize {
+    let next = m.saturating_mul(GROWTH);
+    if next >= v / 4 {
+        v
+    } else {
+        next
+    }
+}
+
 /// The nucleus candidates of [`super::candidates_full_sort`] (top-k off, `top_p > 0`), or
 /// `None` when the full sort must decide.
 pub(super) fn top_p_candidates(logits: &[f32], params: &SamplingParams, top_p: f32) -> Option<Vec<(usize, f64)>> {
@@ -115,7 +127,7 @@ pub(super) fn top_p_candidates(logits: &[f32], params: &SamplingParams, top_p: f
         if prefix.done() {
             break;
         }
-        m *= GROWTH;
+        m = next_size(m, logits.len());
     }
     let kept = &prefix.order[..n];
     let scaled: Vec<f64> = kept.iter().map(|&i| logits[i] as f64 / t).collect();
@@ -143,7 +155,7 @@ pub(super) fn temperature_draw(logits: &[f32], params: &SamplingParams, u: f64) 
             // Rounding left u ≥ Σp: the least likely token, as the full-sort path does.
             return prefix.order.last().copied();
         }
-        m *= GROWTH;
+        m = next_size(m, logits.len());
     }
 }
 
