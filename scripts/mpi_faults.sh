@@ -59,8 +59,12 @@ if "$B" serve --help >/dev/null 2>&1; then
   for victim in 1 0; do
     timeout 120 $MPIRUN -np 2 "$B" serve --load "$T/ckpt" --port 0 --quiet --tensor-model-parallel-size 2 >"$T/out" 2>&1 &
     job=$!
-    for _ in $(seq 300); do grep -aq "on http://" "$T/out" && break; sleep 0.1; done
-    pid=$(grep -aoE "rank $victim (of 2 )?\(pid [0-9]+\)" "$T/out" | grep -oE "[0-9]+\)" | tr -d ")")
+    # The two processes print in any order: wait for the server's banner and the victim's pid.
+    pid=""
+    for _ in $(seq 300); do
+      pid=$(grep -aoE "rank $victim (of 2 )?\(pid [0-9]+\)" "$T/out" | grep -oE "[0-9]+\)" | tr -d ")") || true
+      grep -aq "on http://" "$T/out" && [ -n "$pid" ] && break; sleep 0.1
+    done
     start=$(date +%s)
     [ -n "$pid" ] && kill -9 "$pid"
     wait $job; rc=$?; secs=$(( $(date +%s) - start ))
