@@ -33,7 +33,19 @@ fn prompts(vocab: usize) -> Vec<String> {
 /// sequences of the engine at once) and returns `(tokens, logprobs)` per prompt.
 fn serve_greedy(loaded: LoadedModel, followers: Vec<GptModel>, vocab: usize) -> (Vec<Vec<i64>>, Vec<Vec<f64>>) {
     let opts = ServeOptions { http_threads: 2, log: false, ..Default::default() };
+    let ctx = loaded.model.parallel_context();
+    let (world, tp, pp) = (ctx.world_size(), ctx.grid.tp, ctx.grid.pp);
     let srv = start_ranks(loaded, followers, "127.0.0.1", 0, opts).unwrap();
+    // `/health` reports the rank layout.
+    let mut s = TcpStream::connect(srv.addr()).unwrap();
+    write!(s, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let health: Value = serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let ranks = if world == 1 { "single" } else { "threads" };
+    let want = json!({"world_size": world, "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+        "ranks": ranks, "communicator": if world == 1 { "single" } else { "local" }, "engine_rank": 0});
+    assert_eq!(health["parallel"], want, "{health}");
     let body = json!({"prompts": prompts(vocab), "tokens_to_generate": 8, "top_k": 1, "logprobs": true}).to_string();
     let mut s = TcpStream::connect(srv.addr()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();

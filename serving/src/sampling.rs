@@ -7,6 +7,9 @@
 
 use rand::Rng;
 
+pub mod bench;
+mod lazy;
+
 /// The sampling knobs of one request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
@@ -67,6 +70,11 @@ pub fn log_prob(logits: &[f32], id: usize) -> f32 {
 pub fn candidates(logits: &[f32], params: &SamplingParams, top_p: f32) -> Vec<(usize, f64)> {
     if params.top_k > 1 && params.top_k < logits.len() && !logits.iter().any(|v| v.is_nan()) {
         return top_k_candidates(logits, params);
+    }
+    if params.top_k == 0 && top_p > 0.0 {
+        if let Some(c) = lazy::top_p_candidates(logits, params, top_p) {
+            return c;
+        }
     }
     candidates_full_sort(logits, params, top_p)
 }
@@ -141,10 +149,30 @@ pub fn sample(logits: &[f32], params: &SamplingParams, top_p: f32, rng: &mut imp
     if params.top_k == 1 {
         return argmax(logits);
     }
+    if params.top_k == 0 && top_p <= 0.0 {
+        // Plain temperature: walk only as far into the sorted vocabulary as the draw needs.
+        let u: f64 = rng.gen::<f64>();
+        return lazy::temperature_draw(logits, params, u)
+            .unwrap_or_else(|| draw(&candidates_full_sort(logits, params, top_p), u));
+    }
     let c = candidates(logits, params, top_p);
-    let u: f64 = rng.gen::<f64>();
+    draw(&c, rng.gen::<f64>())
+}
+
+/// [`sample`] by the full sort of the vocabulary for every setting (the reference the fast
+/// paths are tested and benchmarked against; same rng use: one `f64` per token).
+pub fn sample_full_sort(logits: &[f32], params: &SamplingParams, top_p: f32, rng: &mut impl Rng) -> usize {
+    if params.top_k == 1 {
+        return argmax(logits);
+    }
+    let c = candidates_full_sort(logits, params, top_p);
+    draw(&c, rng.gen::<f64>())
+}
+
+/// The candidate whose cumulative probability first exceeds `u` (the multinomial draw).
+fn draw(c: &[(usize, f64)], u: f64) -> usize {
     let mut cum = 0.0;
-    for &(id, p) in &c {
+    for &(id, p) in c {
         cum += p;
         if u < cum {
             return id;

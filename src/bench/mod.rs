@@ -52,6 +52,17 @@ pub enum BenchWhat {
     Serve(serve::ServeBenchArgs),
     /// Time and bus bandwidth of the collectives of any communicator (threads or MPI ranks).
     Comm(comm::CommBenchArgs),
+    /// Token sampling by selection against sorting the whole vocabulary (the serving engine's
+    /// per-token cost; same tokens checked).
+    #[cfg(feature = "gpt")]
+    Sampling(SamplingBenchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingBenchArgs {
+    /// Tokens sampled per setting and logit scale (each way).
+    #[arg(long, default_value_t = 200)]
+    pub iters: usize,
 }
 
 struct Preset {
@@ -99,6 +110,13 @@ pub fn peak_rss_mib() -> Option<f64> {
 pub fn run(args: &BenchArgs, registry: &Registry) -> Result<()> {
     if let Some(BenchWhat::Comm(a)) = &args.what {
         return comm::run(a, registry);
+    }
+    #[cfg(feature = "gpt")]
+    if let Some(BenchWhat::Sampling(a)) = &args.what {
+        for line in megatron_serving::sampling::bench::run(a.iters)? {
+            println!("{line}");
+        }
+        return Ok(());
     }
     #[cfg(all(feature = "gpt", feature = "checkpoint", feature = "tokenizers"))]
     if let Some(BenchWhat::Serve(a)) = &args.what {

@@ -58,6 +58,10 @@ pub struct GenerateArgs {
     pub tensor_model_parallel_size: usize,
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
+    /// `auto` (MPI processes when `mpirun`/`srun` started this one, else threads), `mpi` or
+    /// `local`; under MPI rank 0 generates and prints, the others follow (N = T x P processes).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mpi", "local"])]
+    pub distributed_backend: String,
 }
 
 /// Checks the sampling flags with the server's rules (SPEC §8.1).
@@ -84,7 +88,9 @@ pub fn sampling_from(temperature: f32, top_k: usize, top_p: f32) -> Result<Sampl
 }
 
 pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
-    let parallel = args.nproc * args.tensor_model_parallel_size * args.pipeline_model_parallel_size > 1;
+    let mpi =
+        crate::distributed::select_from_env(&args.distributed_backend, args.nproc)? == crate::distributed::Backend::Mpi;
+    let parallel = mpi || args.nproc * args.tensor_model_parallel_size * args.pipeline_model_parallel_size > 1;
     #[cfg(feature = "t5")]
     if super::t5::is_t5_checkpoint(&args.load) {
         if parallel {
@@ -122,6 +128,17 @@ pub fn run(args: &GenerateArgs, registry: &Registry) -> Result<()> {
         return generate(args, prompts, sampling, &mut loaded);
     }
     let (tp, pp) = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size);
+    if mpi {
+        // One rank per process: rank 0 generates and prints, the others make its model calls.
+        let comm = crate::serve::ranks::mpi_world(registry)?; // held here: MPI_Finalize on this thread
+        return crate::serve::ranks::run_mpi_rank(comm.as_ref(), || {
+            let mut loaded = crate::serve::ranks::load_mpi_rank(registry, &args.load, comm.clone(), tp, pp)?;
+            if comm.rank() != 0 {
+                return megatron_serving::ranks::follow(&mut loaded.model);
+            }
+            super::ranks::with_followers(&mut loaded, Vec::new(), |l| generate(args, prompts, sampling, l))
+        });
+    }
     let (mut loaded, followers) = crate::serve::ranks::load_ranks(registry, &args.load, args.nproc, tp, pp)?;
     super::ranks::with_followers(&mut loaded, followers, |l| generate(args, prompts, sampling, l))
 }

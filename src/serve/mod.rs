@@ -77,6 +77,10 @@ pub struct ServeArgs {
     pub tensor_model_parallel_size: usize,
     #[arg(long, default_value_t = 1)]
     pub pipeline_model_parallel_size: usize,
+    /// `auto` (MPI processes when `mpirun`/`srun` started this one, else threads), `mpi` or
+    /// `local`; under MPI the world size is the launcher's process count (= T x P).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "mpi", "local"])]
+    pub distributed_backend: String,
 }
 
 /// `123`, `64KiB`, `512MiB`, `2GiB` (also KB/MB/GB as powers of 1000).
@@ -99,6 +103,9 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
+    if crate::distributed::select_from_env(&args.distributed_backend, args.nproc)? == crate::distributed::Backend::Mpi {
+        return run_mpi(args, registry);
+    }
     let (loaded, followers) =
         if args.nproc == 1 && args.tensor_model_parallel_size * args.pipeline_model_parallel_size == 1 {
             (load_model(registry, &args.load)?, Vec::new())
@@ -111,6 +118,46 @@ pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
                 args.pipeline_model_parallel_size,
             )?
         };
+    serve_loaded(args, loaded, followers)?.join();
+    Ok(())
+}
+
+/// `mpirun -np N megatron serve --tensor-model-parallel-size T --pipeline-model-parallel-size
+/// P ...`: every process loads its shard; rank 0 serves HTTP and runs the engine, the others
+/// follow its model calls until it stops. Rank 0 stops on SIGINT/SIGTERM (mpirun forwards them
+/// to every process; the followers ignore the first one and stop when rank 0 tells them), so
+/// every rank ends through MPI_Finalize with exit status 0. A rank that fails aborts the job.
+fn run_mpi(args: &ServeArgs, registry: &Registry) -> Result<()> {
+    let comm = ranks::mpi_world(registry)?; // held to the end: MPI_Finalize on this thread
+    let stop = crate::signals::install()?;
+    let (tp, pp) = (args.tensor_model_parallel_size, args.pipeline_model_parallel_size);
+    ranks::run_mpi_rank(comm.as_ref(), || {
+        let loaded = ranks::load_mpi_rank(registry, &args.load, comm.clone(), tp, pp)?;
+        let (rank, n) = (comm.rank(), comm.world_size());
+        if rank != 0 {
+            println!("serving rank {rank} of {n} (pid {}) follows rank 0", std::process::id());
+            let mut model = loaded.model;
+            return megatron_serving::ranks::follow(&mut model);
+        }
+        println!("MPI world of {n} processes (tp {tp}, pp {pp}); rank 0 (pid {}) serves", std::process::id());
+        let handle = serve_loaded(args, loaded, Vec::new())?;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        println!("rank 0: stopping the server and the {} other ranks", n - 1);
+        handle.shutdown(); // the engine's last act tells the followers to stop
+        Ok(())
+    })
+}
+
+/// Starts the server on rank 0's `loaded` model (`followers`: the other ranks' shards when
+/// they are threads of this process) and prints where it listens.
+fn serve_loaded(
+    args: &ServeArgs,
+    loaded: crate::generate::LoadedModel,
+    followers: Vec<megatron_gpt::GptModel>,
+) -> Result<ServerHandle> {
+    let mpi = followers.is_empty() && loaded.model.parallel_context().world_size() > 1;
     let api_key = args.api_key.clone().or_else(|| std::env::var("MEGATRON_API_KEY").ok()).filter(|k| !k.is_empty());
     let loopback = args.host == "localhost" || args.host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
     if !loopback && api_key.is_none() {
@@ -139,7 +186,11 @@ pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
         chat_template,
         max_body_bytes: args.max_body_bytes,
     };
-    let handle = start_ranks(loaded, followers, &args.host, args.port, opts)?;
+    let handle = if mpi {
+        server::start_mpi_rank0(loaded, &args.host, args.port, opts)?
+    } else {
+        start_ranks(loaded, followers, &args.host, args.port, opts)?
+    };
     let what = match args.batching {
         Batching::Continuous => {
             "PUT /api, POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health"
@@ -147,8 +198,7 @@ pub fn run(args: &ServeArgs, registry: &Registry) -> Result<()> {
         Batching::Static => "PUT /api, GET /health",
     };
     println!("serving {} as `{model_name}` on http://{} ({what})", args.load.load.display(), handle.addr());
-    handle.join();
-    Ok(())
+    Ok(handle)
 }
 
 /// The chat template of `--chat-template` or the tokenizer config, if there is one.

@@ -132,6 +132,38 @@ pub fn start_ranks(
     if world != followers.len() + 1 {
         return Err(anyhow!("a model of {world} ranks needs {} follower shards, got {}", world - 1, followers.len()));
     }
+    start_inner(loaded, followers, "threads", host, port, opts)
+}
+
+/// [`start`] on global rank 0 of an MPI world (`mpirun -np N megatron serve ...`): the other
+/// ranks are processes of their own that run [`megatron_serving::ranks::follow`].
+pub fn start_mpi_rank0(loaded: LoadedModel, host: &str, port: u16, opts: ServeOptions) -> Result<ServerHandle> {
+    start_inner(loaded, Vec::new(), "processes", host, port, opts)
+}
+
+/// `/health`'s `parallel` object: how the model is split over ranks and what carries them.
+fn layout(model: &GptModel, ranks: &str) -> Value {
+    let ctx = model.parallel_context();
+    json!({
+        "world_size": ctx.world_size(),
+        "tensor_model_parallel_size": ctx.grid.tp,
+        "pipeline_model_parallel_size": ctx.grid.pp,
+        "ranks": if ctx.world_size() == 1 { "single" } else { ranks },
+        "communicator": ctx.comm.name(),
+        "engine_rank": ctx.rank,
+    })
+}
+
+fn start_inner(
+    loaded: LoadedModel,
+    followers: Vec<GptModel>,
+    ranks: &str,
+    host: &str,
+    port: u16,
+    opts: ServeOptions,
+) -> Result<ServerHandle> {
+    let world = loaded.model.parallel_context().world_size();
+    let parallel = layout(&loaded.model, ranks);
     if world > 1 && opts.batching == Batching::Static {
         return Err(anyhow!(
             "--batching static decodes at tensor and pipeline parallel size 1; use --batching continuous with --nproc"
@@ -196,6 +228,7 @@ pub fn start_ranks(
         counter: AtomicU64::new(0),
         opts: opts.clone(),
         api,
+        parallel,
     });
     // Accepted connections wait in a bounded queue; when it is full the accept loop waits and
     // the kernel's backlog holds further clients (no unbounded growth under a flood).
@@ -241,6 +274,8 @@ pub(super) struct HttpContext {
     pub(super) opts: ServeOptions,
     /// Continuous batching: the engine and the OpenAI endpoints' context.
     pub(super) api: Option<ApiContext>,
+    /// `/health`'s rank layout ([`layout`]).
+    pub(super) parallel: Value,
 }
 
 /// Megatron's server answers errors as `{"message": ...}` (its CLI reads `['message']`);
@@ -305,7 +340,7 @@ fn serve_connection(stream: TcpStream, ctx: &HttpContext) {
 fn route(req: &Request, ctx: &HttpContext, alive: &dyn Fn() -> bool) -> (u16, Value, Option<String>) {
     match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/health") => {
-            let mut v = json!({ "status": "ok" });
+            let mut v = json!({ "status": "ok", "parallel": ctx.parallel });
             if let Some(api) = &ctx.api {
                 let s = &api.engine.stats;
                 v["active"] = json!(s.active.load(Ordering::SeqCst));

@@ -147,7 +147,9 @@ pub fn library_version() -> String {
             return "unknown MPI library".into();
         }
     }
-    let bytes: Vec<u8> = buf[..len.clamp(0, 8191) as usize].iter().map(|&c| c as u8).collect();
+    // Open MPI counts the terminating NUL in `len`: stop at the first NUL (a NUL in the
+    // printed line makes tools such as grep treat a job's log as binary).
+    let bytes: Vec<u8> = buf[..len.clamp(0, 8191) as usize].iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
     // MPICH separates its fields with tabs: one space each.
     String::from_utf8_lossy(&bytes).lines().next().unwrap_or("").split_whitespace().collect::<Vec<_>>().join(" ")
 }
