@@ -12,7 +12,7 @@
 # - PROBE_MS=N: every rank also sleeps N ms per microbatch forward and 2N per backward (split
 #   over its chunks; hidden flag --pipeline-probe-compute-ms) on a small model, so equal stages
 #   dominate and no rank needs a core of its own: the schedule's bubble on any machine;
-#   PROBE_MS=40 scripts/interleaved_bubble.sh
+#   PROBE_MS=100 ITERS=3 nice -n -10 scripts/interleaved_bubble.sh (nice: wake-ups on a busy machine)
 set -e
 B=${MEGATRON:-target/release/megatron}
 ITERS=${ITERS:-4}
