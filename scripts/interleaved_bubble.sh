@@ -3,17 +3,29 @@
 # 8 microbatches (issue 13, item 4), from `--timing-log-level 1`: per rank, bubble = (wall time
 # - compute) / compute, where compute is the time outside communicator calls (the waiting in
 # `recv` on the pipeline groups is the bubble; see src/train/comm_timing.rs). Printed next to
-# Megatron's formula (pp-1)/(v*m). Ranks are threads with one backend thread each, so pp4
-# needs 4 idle cores to be meaningful. Run on a quiet machine:
+# Megatron's formula (pp-1)/(v*m).
+#
+# Two modes (docs/interleaved-pipeline.md):
+# - real compute (default): ranks are threads with one backend thread each, so pp4 needs 4
+#   idle cores to be meaningful;
 #   flock /work/heavy.lock scripts/interleaved_bubble.sh
+# - PROBE_MS=N: every rank also sleeps N ms per microbatch forward and 2N per backward (split
+#   over its chunks; hidden flag --pipeline-probe-compute-ms) on a small model, so equal stages
+#   dominate and no rank needs a core of its own: the schedule's bubble on any machine;
+#   PROBE_MS=100 ITERS=3 nice -n -10 scripts/interleaved_bubble.sh (nice: wake-ups on a busy machine)
 set -e
 B=${MEGATRON:-target/release/megatron}
 ITERS=${ITERS:-4}
-F="pretrain --num-layers 8 --hidden-size ${HIDDEN:-256} --num-attention-heads 8 --seq-length 256
-   --max-position-embeddings 256 --micro-batch-size 1 --global-batch-size 8 --train-iters $ITERS --lr 1e-4
+if [ -n "$PROBE_MS" ]; then
+  HIDDEN=${HIDDEN:-64}; SEQ=${SEQ:-32}; PROBE="--pipeline-probe-compute-ms $PROBE_MS"
+else
+  HIDDEN=${HIDDEN:-256}; SEQ=${SEQ:-256}; PROBE=""
+fi
+F="pretrain --num-layers 8 --hidden-size $HIDDEN --num-attention-heads 8 --seq-length $SEQ
+   --max-position-embeddings $SEQ --micro-batch-size 1 --global-batch-size 8 --train-iters $ITERS --lr 1e-4
    --mock-data --vocab-size 1024 --eval-iters 0 --eval-interval 1000 --log-interval 1000 --threads 1
-   --hidden-dropout 0 --attention-dropout 0 --timing-log-level 1"
-for pp in 2 4; do
+   --hidden-dropout 0 --attention-dropout 0 --timing-log-level 1 $PROBE"
+for pp in ${PPS:-2 4}; do
   for vp in 1 2; do
     extra="--nproc $pp --pipeline-model-parallel-size $pp"
     [ "$vp" -gt 1 ] && extra="$extra --num-virtual-stages-per-pipeline-rank $vp"

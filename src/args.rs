@@ -25,6 +25,10 @@ pub struct PretrainArgs {
     pub seq_length: usize,
     #[arg(long)]
     pub max_position_embeddings: Option<usize>,
+    /// Pad the vocabulary to a multiple of N × tp (Megatron's rule: GPT-2's 50257 becomes
+    /// 50304 at tp 1, 50432 at tp 2). The padded rows are masked out of the softmax, so the
+    /// losses do not depend on the padding. Example: `--vocab-size 50257
+    /// --make-vocab-size-divisible-by 128 --nproc 2 --tensor-model-parallel-size 2`.
     #[arg(long, default_value_t = 128)]
     pub make_vocab_size_divisible_by: usize,
     #[arg(long, default_value = "LayerNorm")]
@@ -205,13 +209,15 @@ pub struct PretrainArgs {
     #[arg(long)]
     pub ddp_bucket_size: Option<usize>,
     /// ZeRO-1 (SPEC §5.7): gradients reduce-scattered over data parallel, Adam state and fp32
-    /// main params kept only for this rank's shard, updated params all-gathered. Example:
+    /// main params kept only for this rank's shard (with --bf16/--fp16 the fp32 main copies
+    /// are still whole on every rank), updated params all-gathered. Example:
     /// `--nproc 4 --use-distributed-optimizer --overlap-grad-reduce`.
     #[arg(long)]
     pub use_distributed_optimizer: bool,
     /// Overlap the distributed optimizer's parameter all-gather with the next forward: the step
     /// only starts the per-bucket all-gathers, and each layer's forward waits for the bucket(s)
-    /// of its own parameters. Needs --use-distributed-optimizer (fp32). Example:
+    /// of its own parameters (with --bf16/--fp16 also the fp32 main copies). Needs
+    /// --use-distributed-optimizer. Example:
     /// `--nproc 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather`.
     #[arg(long)]
     pub overlap_param_gather: bool,
@@ -405,4 +411,9 @@ pub struct PretrainArgs {
     /// z-score against the window's mean and standard deviation).
     #[arg(long, default_value = "trend", value_parser = ["trend", "mean"])]
     pub spike_score: String,
+    /// Measurements only (scripts/interleaved_bubble.sh): every pipeline rank also sleeps MS
+    /// milliseconds per microbatch forward and 2·MS per backward, split evenly over its model
+    /// chunks, so equal stages dominate the real compute without needing a core each.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub pipeline_probe_compute_ms: Option<f64>,
 }

@@ -48,12 +48,6 @@ impl TrainConfig {
                 .into(),
         );
         need(
-            !(a.overlap_param_gather && (a.bf16 || a.fp16)),
-            "--overlap-param-gather runs in fp32 only for now (with --bf16/--fp16 the gathered values are the \
-             fp32 main parameters, which the pre-hook does not write yet): drop --overlap-param-gather"
-                .into(),
-        );
-        need(
             !a.use_distributed_optimizer || a.optimizer == "adam",
             format!("--use-distributed-optimizer wraps Adam; --optimizer {} is not supported with it", a.optimizer),
         );

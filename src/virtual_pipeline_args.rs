@@ -55,12 +55,26 @@ pub fn virtual_pipeline_size(a: &PretrainArgs) -> Result<usize, String> {
             "an interleaved pipeline ({vp} model chunks per rank) needs --pipeline-model-parallel-size >= 2"
         ));
     }
-    if a.decoder_first_pipeline_num_layers.is_some() || a.decoder_last_pipeline_num_layers.is_some() {
-        return Err("uneven first/last pipeline stages with an interleaved pipeline are not implemented yet: drop \
-                    --decoder-first/last-pipeline-num-layers or the virtual stages"
-            .into());
-    }
-    if !a.num_layers.is_multiple_of(pp * vp) {
+    let (first, last) = (a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers);
+    if first.is_some() || last.is_some() {
+        // Megatron splits every stage's layers evenly over its chunks (the split itself is
+        // checked when the model is built).
+        let given = first.iter().chain(&last).count();
+        let rest = a.num_layers.saturating_sub(first.unwrap_or(0) + last.unwrap_or(0));
+        let middle = (pp > given).then(|| rest / (pp - given));
+        for (what, n) in [
+            ("--decoder-first-pipeline-num-layers", first),
+            ("--decoder-last-pipeline-num-layers", last),
+            ("the layers of each other stage,", middle),
+        ] {
+            if let Some(n) = n.filter(|n| !n.is_multiple_of(vp)) {
+                return Err(format!(
+                    "{what} {n} must be divisible by the {vp} model chunks per rank (every stage's layers are split \
+                     evenly over its chunks)"
+                ));
+            }
+        }
+    } else if !a.num_layers.is_multiple_of(pp * vp) {
         return Err(format!(
             "--num-layers {} must be divisible by --pipeline-model-parallel-size {pp} x {vp} model chunks per rank \
              (every virtual stage gets the same number of layers)",

@@ -1,5 +1,6 @@
 //! The interleaved 1F1B schedule (SPEC §5.5) through `megatron pretrain`: a tiny 8-layer GPT
-//! for 20 steps (fp32, dropout off) at pp2 and pp4 with 2 model chunks per rank, and at 8 ranks
+//! for 20 steps (fp32, dropout off) at pp2 and pp4 with 2 model chunks per rank, at pp2 with an
+//! uneven first stage, and at 8 ranks
 //! with everything combined (tp2·pp2·dp2, sequence parallelism, interleaving, the distributed
 //! optimizer with overlapped reduce-scatters), matches the single-rank run (losses and grad
 //! norms within 1e-5 relative); checkpoints saved with interleaving resume without it and
@@ -27,6 +28,9 @@ fn interleaved_pipeline_matches_the_single_rank_run() {
         "--nproc 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2",
         // pp4: 2 chunks of 1 layer per rank.
         "--nproc 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
+        // Uneven: rank 0 holds 2 layers (1 per chunk), rank 1 six (3 per chunk).
+        "--nproc 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
+         --decoder-first-pipeline-num-layers 2",
         // Everything at once: tp2·pp2·dp2 with SP, 2 chunks, the distributed optimizer and
         // overlapped reduce-scatters in small buckets (2 microbatches per rank).
         "--nproc 8 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel \
@@ -88,6 +92,7 @@ fn interleaving_rules_are_errors_that_state_them() {
     // 5 microbatches in groups of 2 leave 1 < pp.
     let e = refused(&format!("{pp2} --num-virtual-stages-per-pipeline-rank 2 --global-batch-size 10"));
     assert!(e.contains("last group of 1 < pp = 2"), "{e}");
-    let e = refused(&format!("{pp2} --num-virtual-stages-per-pipeline-rank 2 --decoder-first-pipeline-num-layers 2"));
-    assert!(e.contains("uneven first/last"), "{e}");
+    // Uneven stages: 3 layers on the first stage do not split over 2 chunks.
+    let e = refused(&format!("{pp2} --num-virtual-stages-per-pipeline-rank 2 --decoder-first-pipeline-num-layers 3"));
+    assert!(e.contains("--decoder-first-pipeline-num-layers 3 must be divisible by the 2 model chunks"), "{e}");
 }

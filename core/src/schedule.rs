@@ -3,6 +3,9 @@
 
 use crate::{Batch, GradsReadyHook, LossReport, Model, ParallelContext, Result};
 
+/// A schedule implements [`Schedule::run_with_grad_hook`] (then `run` is it without a hook)
+/// or [`Schedule::run`] (then the hook reports every parameter at the end); each method's
+/// default is written in terms of the other, so an implementation must override at least one.
 pub trait Schedule: Send {
     /// Registered name (`no-pipelining`, `1f1b`, ...).
     fn name(&self) -> &str;
@@ -11,6 +14,7 @@ pub trait Schedule: Send {
     /// needs its tokens, the last its labels, all of them its dropout seed); the backward loss
     /// of each is its per-token mean divided by `num_microbatches` (SPEC §6.8). Returns the
     /// loss reports of this rank: one per microbatch on the last stage, none elsewhere.
+    /// The default runs [`Schedule::run_with_grad_hook`] with a hook that does nothing.
     fn run(
         &mut self,
         model: &mut dyn Model,
@@ -18,7 +22,9 @@ pub trait Schedule: Send {
         num_microbatches: usize,
         forward_only: bool,
         ctx: &ParallelContext,
-    ) -> Result<Vec<LossReport>>;
+    ) -> Result<Vec<LossReport>> {
+        self.run_with_grad_hook(model, next_batch, num_microbatches, forward_only, ctx, &mut |_| Ok(()))
+    }
 
     /// [`Schedule::run`], passing `on_grads_ready` to the model's
     /// [`Model::backward_stage`] for the LAST backward of the step only (the earlier ones run

@@ -4,6 +4,7 @@
 
 mod checkpointing;
 pub mod comm_timing;
+mod compute_probe;
 pub mod data;
 mod guards;
 pub mod log;

@@ -179,22 +179,24 @@ pub fn build_trainer_with_comm(
     } else {
         registry.schedule(if ctx.pp_size() > 1 { "1f1b" } else { "no-pipelining" }, json!({}))?
     };
-    let (grad_sync, optimizer, hook) = if a.use_distributed_optimizer {
-        let (sync, opt, hook) = distributed_optimizer(&cfg, &model.params(), backend.clone(), &ctx)?;
-        (Some(sync), opt, hook)
+    let (grad_sync, optimizer, gather) = if a.use_distributed_optimizer {
+        let (sync, opt, gather) = distributed_optimizer(&cfg, &model.params(), backend.clone(), &ctx)?;
+        (Some(sync), opt, gather)
     } else {
         (strategy.grad_sync(&model.params(), backend.clone(), &ctx)?, optimizer, None)
     };
     // --overlap-param-gather: the model waits per module when it supports the pre-hook.
     let mut model = model;
-    let param_gather = hook.map(|hook| super::param_gather::OverlapParamGather {
-        per_module: model.set_forward_pre_hook(hook.clone()),
-        hook,
+    let param_gather = gather.as_ref().map(|g| {
+        let hook: megatron_core::SharedForwardPreHook = g.clone();
+        super::param_gather::OverlapParamGather { per_module: model.set_forward_pre_hook(hook.clone()), hook }
     });
-    // --bf16/--fp16: the optimizer steps fp32 main parameters (SPEC §6.7).
-    let optimizer: Box<dyn megatron_core::Optimizer> = match cfg.params_dtype() {
-        Some(_) => Box::new(megatron_optim::MixedPrecisionOptimizer::new(optimizer)),
-        None => optimizer,
+    // --bf16/--fp16: the optimizer steps fp32 main parameters (SPEC §6.7); with
+    // --overlap-param-gather the gathered values go to those and to the half parameters.
+    let optimizer: Box<dyn megatron_core::Optimizer> = match (cfg.params_dtype(), gather) {
+        (Some(_), Some(g)) => Box::new(megatron_optim::MixedPrecisionOptimizer::with_param_gather(optimizer, g)?),
+        (Some(_), None) => Box::new(megatron_optim::MixedPrecisionOptimizer::new(optimizer)),
+        (None, _) => optimizer,
     };
     let loss_scaler = megatron_optim::LossScaler::from_flags(&cfg.loss_scale_flags())?;
 
@@ -230,9 +232,13 @@ pub fn build_trainer_with_comm(
     Ok(trainer)
 }
 
-/// The reducer, the optimizer and (with `--overlap-param-gather`) the forward pre-hook.
-type DistributedOptimizerParts =
-    (Box<dyn megatron_core::GradSync>, Box<dyn megatron_core::Optimizer>, Option<megatron_core::SharedForwardPreHook>);
+/// The reducer, the optimizer and (with `--overlap-param-gather`) its background all-gather,
+/// which is also the model's forward pre-hook.
+type DistributedOptimizerParts = (
+    Box<dyn megatron_core::GradSync>,
+    Box<dyn megatron_core::Optimizer>,
+    Option<std::sync::Arc<std::sync::Mutex<megatron_optim::ParamGather>>>,
+);
 
 /// `--use-distributed-optimizer` (SPEC §5.7): a DDP reducer that reduce-scatters its buckets
 /// and the ZeRO-1 Adam that owns the same ranges. With pp > 1 and tied embeddings the word
@@ -265,8 +271,11 @@ fn distributed_optimizer(
     let adam = megatron_optim::AdamConfig { beta1: a.adam_beta1, beta2: a.adam_beta2, eps: a.adam_eps };
     let group = reducer.group().clone();
     let mut opt = megatron_optim::DistributedOptimizer::new(adam, buckets, ctx.comm.clone(), group, params)?;
-    let hook = if a.overlap_param_gather { Some(opt.overlap_param_gather(backend)?) } else { None };
-    Ok((Box::new(reducer), Box::new(opt), hook))
+    if a.overlap_param_gather {
+        opt.overlap_param_gather(backend)?;
+    }
+    let gather = opt.param_gather();
+    Ok((Box::new(reducer), Box::new(opt), gather))
 }
 
 #[cfg(not(feature = "parallel"))]

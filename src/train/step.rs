@@ -73,6 +73,14 @@ impl Trainer {
             }
             None => self.model.as_mut(),
         };
+        let mut probe; // --pipeline-probe-compute-ms (measurements only)
+        let model: &mut dyn megatron_core::Model = match self.cfg.args.pipeline_probe_compute_ms {
+            Some(ms) => {
+                probe = super::compute_probe::ProbeCompute::new(model, ms);
+                &mut probe
+            }
+            None => model,
+        };
         let reports =
             self.schedule.run_with_grad_hook(model, &mut next_batch, m, false, &self.ctx, &mut on_grads_ready)?;
         // Tests only (--inject-nan-grad); then SPEC §5.10: data-parallel sync, then the

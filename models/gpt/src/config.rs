@@ -263,18 +263,34 @@ impl GptConfig {
 
     /// Global layer numbers of model chunk `chunk` of pipeline rank `stage` with `vp` chunks
     /// per rank (interleaved 1F1B, SPEC §5.5): virtual stage `chunk·pp + stage` of `pp·vp`
-    /// equal stages, Megatron's layer offset `chunk·L/vp + stage·L/(pp·vp)`.
+    /// equal stages, Megatron's layer offset `chunk·L/vp + stage·L/(pp·vp)`. With uneven
+    /// first/last stages each rank's layers are split evenly over its chunks and chunk `c` of
+    /// every rank comes before chunk `c + 1` (Megatron's `get_transformer_layer_offset`).
     pub fn virtual_stage_layers(&self, pp: usize, vp: usize, stage: usize, chunk: usize) -> Result<Range<usize>> {
         if vp <= 1 {
             return self.stage_layers(pp, stage);
         }
-        if self.decoder_first_pipeline_num_layers.is_some() || self.decoder_last_pipeline_num_layers.is_some() {
-            anyhow::bail!(
-                "uneven first/last pipeline stages (--decoder-first/last-pipeline-num-layers) with an interleaved \
-                 pipeline are not implemented; drop one of them"
-            );
+        let (first, last) = (self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers);
+        if first.is_none() && last.is_none() {
+            return crate::pipeline_split::stage_range(self.num_layers, pp * vp, chunk * pp + stage, None, None);
         }
-        crate::pipeline_split::stage_range(self.num_layers, pp * vp, chunk * pp + stage, None, None)
+        let split = crate::pipeline_split::pipeline_split(self.num_layers, pp, first, last)?;
+        let mut per_chunk = Vec::with_capacity(pp);
+        for (s, r) in split.iter().enumerate() {
+            if r.len() % vp != 0 {
+                anyhow::bail!(
+                    "pipeline stage {s} holds {} layers, which do not split over {vp} model chunks per rank; change \
+                     --decoder-first/last-pipeline-num-layers or the virtual stages",
+                    r.len()
+                );
+            }
+            per_chunk.push(r.len() / vp);
+        }
+        if stage >= pp || chunk >= vp {
+            anyhow::bail!("model chunk {chunk} of pipeline stage {stage} does not exist with pp {pp} x {vp} chunks");
+        }
+        let start = chunk * self.num_layers / vp + per_chunk[..stage].iter().sum::<usize>();
+        Ok(start..start + per_chunk[stage])
     }
 
     /// The per-layer sizes the transformer crate needs.

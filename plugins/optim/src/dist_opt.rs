@@ -21,16 +21,18 @@
 //! replica), and their state is saved and loaded with the rest under the same names.
 //!
 //! Only the shard's state exists: with `dp` ranks the optimizer holds `2·N/dp` fp32 moments
-//! instead of Adam's `2·N` (fp32 parameters are their own main parameters; bf16/fp16 ones
-//! will add an fp32 main copy of the shard when mixed precision lands).
+//! instead of Adam's `2·N` (fp32 parameters are their own main parameters). With
+//! `--bf16`/`--fp16` the [`crate::MixedPrecisionOptimizer`] around this one keeps an fp32 main
+//! copy of every parameter, not only of the shard (`4·N` bytes per rank where Megatron keeps
+//! `4·N/dp`): the moments are sharded, the main copies are not yet.
 
 use crate::adam::{Adam, AdamConfig};
 use crate::param_gather::ParamGather;
 use crate::state_tensors::{self, clone_tensor};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
-    AdamStep, Backend, Communicator, DType, DeviceTensor, ForwardPreHook, Group, HostBuffer, Optimizer, OptimizerState,
-    Param, SharedForwardPreHook,
+    AdamStep, Backend, Communicator, DType, DeviceTensor, Group, HostBuffer, Optimizer, OptimizerState, Param,
+    SharedForwardPreHook,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -147,6 +149,12 @@ impl DistributedOptimizer {
         Ok(g)
     }
 
+    /// The overlapped all-gather, once [`Self::overlap_param_gather`] started it: the
+    /// mixed-precision optimizer around this one writes its main copies through it.
+    pub fn param_gather(&self) -> Option<Arc<Mutex<ParamGather>>> {
+        self.overlap.clone()
+    }
+
     fn lock_overlap(&self) -> Result<Option<MutexGuard<'_, ParamGather>>> {
         match &self.overlap {
             None => Ok(None),
@@ -189,8 +197,9 @@ impl Optimizer for DistributedOptimizer {
     /// Expects the gradients reduce-scattered (valid on this rank's ranges) and clipped.
     fn step(&mut self, params: &mut [&mut Param], lr: f64, weight_decay: f64, backend: &dyn Backend) -> Result<()> {
         // Overlap: the previous step's gathers must have landed before the main params are read.
+        // (With mixed precision `params` are the fp32 main copies.)
         if let Some(mut g) = self.lock_overlap()? {
-            g.finish(params)?;
+            g.finish_main(params)?;
         }
         self.steps += 1;
         let index: HashMap<String, usize> = params.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();

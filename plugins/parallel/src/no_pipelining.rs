@@ -14,17 +14,6 @@ impl Schedule for NoPipelining {
         "no-pipelining"
     }
 
-    fn run(
-        &mut self,
-        model: &mut dyn Model,
-        next_batch: &mut dyn FnMut() -> Result<Batch>,
-        num_microbatches: usize,
-        forward_only: bool,
-        ctx: &ParallelContext,
-    ) -> Result<Vec<LossReport>> {
-        self.run_with_grad_hook(model, next_batch, num_microbatches, forward_only, ctx, &mut |_| Ok(()))
-    }
-
     fn run_with_grad_hook(
         &mut self,
         model: &mut dyn Model,
