@@ -125,4 +125,8 @@ impl Model for GuardedModel {
     fn take_metrics(&mut self) -> Vec<(String, f64)> {
         self.fallible("take_metrics", |m| Ok(m.take_metrics())).unwrap_or_default()
     }
+
+    fn logits_rows(&mut self, tokens: &[i32], b: usize, s: usize, rows: &[usize]) -> Result<Option<DeviceTensor>> {
+        self.fallible("logits_rows", |m| m.logits_rows(tokens, b, s, rows))
+    }
 }
