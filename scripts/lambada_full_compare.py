@@ -20,9 +20,19 @@ def main():
     done = []
     for i, f in enumerate(chunk_files):
         c = "%03d" % i
-        paths = [os.path.join(d, p % c) for p in ("ours_%s.json", "ours_strict_%s.json", "hf_%s.json")]
-        if all(os.path.exists(p) for p in paths):
-            done.append((i, [json.load(open(p)) for p in paths]))
+        hf = os.path.join(d, "hf_%s.json" % c)
+        both = os.path.join(d, "ours_both_%s.json" % c)
+        paths = [os.path.join(d, p % c) for p in ("ours_%s.json", "ours_strict_%s.json")]
+        if not os.path.exists(hf):
+            continue
+        if os.path.exists(both):
+            # One run for both rules (--lambada-both-rules): its time is split between them.
+            b = json.load(open(both))
+            for k in ("non_strict", "strict"):
+                b[k]["seconds"] = b["seconds"] / 2
+            done.append((i, [b["non_strict"], b["strict"], json.load(open(hf))]))
+        elif all(os.path.exists(p) for p in paths):
+            done.append((i, [json.load(open(p)) for p in paths] + [json.load(open(hf))]))
     report["chunks_done"] = [i for i, _ in done]
     n = sum(sizes[i] for i, _ in done)
     report["examples_done"] = n
@@ -39,7 +49,7 @@ def main():
             ours_s += ours["seconds"]
             hf_s += ref["seconds_per_example"] * ref["total"]
             for j, (a, b) in enumerate(zip(ours["correct"], ref["correct"])):
-                if a != b:
+                if bool(a) != bool(b):
                     diffs.append({"index": offsets[i] + j, "ours": a, "transformers": b})
         report[key] = {
             "ours_correct": ours_c,

@@ -2,7 +2,7 @@
 # `megatron plan` (predicted process bytes and step time) against the measured peak RSS (GNU
 # time) and step time of `megatron pretrain` on the same flags, mock data, 2 iterations (Adam
 # state exists after the first, so the second iteration passes every phase with everything
-# allocated). Usage: scripts/plan_vs_rss.sh [path/to/megatron] [config-filter]
+# allocated). Usage: scripts/plan_vs_rss.sh [path/to/megatron] [config-regex, e.g. "^124M-(fp32|tp2)$"]
 # LOCK=/work/heavy.lock takes that lock around each pair of runs (shared machines); NICE=19
 # runs them niced. Before each pretrain the script waits (up to 5 min) until MemAvailable
 # exceeds the plan's prediction + 3 GiB, and skips the config otherwise.
@@ -52,7 +52,7 @@ pair() {
 printf "%-15s %9s %9s %7s %8s %8s %6s  %s\n" config plan_GiB rss_GiB ratio plan_s step_s s_ratio "largest transient"
 for c in "${configs[@]}"; do
   name=${c%% *}; flags=${c#* }
-  [[ -n "$FILTER" && "$name" != *$FILTER* ]] && continue
+  [[ -n "$FILTER" && ! "$name" =~ $FILTER ]] && continue
   export M P flags common tmp NICE
   if ! locked bash -c "$(declare -f pair); pair"; then cat "$tmp/plan"; tail -5 "$tmp/err"; continue; fi
   bytes=$(sed -n 's/.*process total.*(\([0-9]*\) bytes).*/\1/p' "$tmp/plan")

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use megatron_core::{Backend, RankGrid, Registry};
 use megatron_eval::run::{EvalOptions, LogitsRank, ModelRank};
-use megatron_eval::{detokenizer, lambada_io, EvalDataset, Task};
+use megatron_eval::{detokenizer, lambada_io, ClozeBoth, EvalDataset, Task};
 use megatron_gpt::GptModel;
 use serde_json::json;
 use std::path::PathBuf;
@@ -55,10 +55,22 @@ pub struct EvalArgs {
     pub no_load_optim: bool,
     #[arg(long)]
     pub no_load_rng: bool,
+    /// LAMBADA: score the non-strict and the strict rule in one run, sharing the forward
+    /// wherever the strict split has the passage's ids (not a Megatron flag). Prints both
+    /// result blocks; `--json-out` gets `{"non_strict": ..., "strict": ...}`.
+    #[arg(long)]
+    pub lambada_both_rules: bool,
+    /// Compute the whole `(b, s, V)` logits instead of the output layer on the scored
+    /// positions only (the original path; same results to rounding).
+    #[arg(long)]
+    pub full_logits: bool,
 }
 
 pub fn run(args: &EvalArgs, registry: &Registry) -> Result<()> {
     let task = Task::parse(&args.task)?;
+    if args.lambada_both_rules && task != Task::Lambada {
+        bail!("--lambada-both-rules applies to --task LAMBADA only");
+    }
     let tp = args.tensor_model_parallel_size;
     if tp == 0 {
         bail!("--tensor-model-parallel-size must be at least 1");
@@ -94,17 +106,35 @@ pub fn run(args: &EvalArgs, registry: &Registry) -> Result<()> {
                 "none" => None,
                 other => bail!("--detokenizer `{other}`: use wikitext or none"),
             };
-            EvalDataset::windows(&text, tokenizer.as_ref(), seq_len, eod, Some(args.overlapping_eval), detok)?
+            Work::One(EvalDataset::windows(
+                &text,
+                tokenizer.as_ref(),
+                seq_len,
+                eod,
+                Some(args.overlapping_eval),
+                detok,
+            )?)
         }
         Task::Lambada => {
             let (texts, format) = lambada_io::read_passages(path, args.max_examples)?;
             eprintln!("LAMBADA: {} passages from {} ({format:?})", texts.len(), path.display());
-            EvalDataset::cloze(&texts, tokenizer.as_ref(), seq_len, eod, args.strict_lambada)
-                .with_context(|| format!("building LAMBADA examples from {}", path.display()))?
+            if args.lambada_both_rules {
+                let both = ClozeBoth::new(&texts, tokenizer.as_ref(), seq_len, eod)
+                    .with_context(|| format!("building LAMBADA examples from {}", path.display()))?;
+                Work::Both(both)
+            } else {
+                let ds = EvalDataset::cloze(&texts, tokenizer.as_ref(), seq_len, eod, args.strict_lambada)
+                    .with_context(|| format!("building LAMBADA examples from {}", path.display()))?;
+                Work::One(ds)
+            }
         }
     };
-    if ds.truncated > 0 {
-        eprintln!("note: {} examples were longer than seq_length + 1 and lost context on the left", ds.truncated);
+    let truncated = match &ds {
+        Work::One(ds) => ds.truncated,
+        Work::Both(b) => b.truncated[0].max(b.truncated[1]),
+    };
+    if truncated > 0 {
+        eprintln!("note: {truncated} examples were longer than seq_length + 1 and lost context on the left");
     }
 
     // One model per TP rank (threads of this process), each loading its shard of the weights.
@@ -127,29 +157,57 @@ pub fn run(args: &EvalArgs, registry: &Registry) -> Result<()> {
     }
     drop(ckpt);
 
-    let opts = EvalOptions { micro_batch_size: args.micro_batch_size, vocab_size };
+    let opts = EvalOptions { micro_batch_size: args.micro_batch_size, vocab_size, full_logits: args.full_logits };
     let mut last_print = std::time::Instant::now();
-    let result = megatron_eval::evaluate(ranks, &ds, opts, &mut |done, total| {
+    let mut progress = |done: usize, total: usize| {
         if last_print.elapsed().as_secs() >= 10 || done == total {
             eprintln!("evaluated {done}/{total} micro batches");
             last_print = std::time::Instant::now();
         }
-    })?;
-    println!("{}", result.report());
-    let mut summary = result.json();
-    summary["strict_lambada"] = json!(args.strict_lambada);
-    summary["overlapping_eval"] = json!(args.overlapping_eval);
-    summary["seq_length"] = json!(seq_len);
-    summary["tensor_model_parallel_size"] = json!(tp);
-    summary["truncated_examples"] = json!(ds.truncated);
-    summary["checkpoint"] = json!(dir);
-    summary["valid_data"] = json!(path);
-    let text = serde_json::to_string(&summary)?;
+    };
+    let summary = |result: &megatron_eval::EvalResult, strict: bool, truncated: usize| {
+        let mut summary = result.json();
+        summary["strict_lambada"] = json!(strict);
+        summary["overlapping_eval"] = json!(args.overlapping_eval);
+        summary["seq_length"] = json!(seq_len);
+        summary["tensor_model_parallel_size"] = json!(tp);
+        summary["truncated_examples"] = json!(truncated);
+        summary["checkpoint"] = json!(dir);
+        summary["valid_data"] = json!(path);
+        summary["full_logits"] = json!(args.full_logits);
+        summary
+    };
+    let text = match &ds {
+        Work::One(ds) => {
+            let result = megatron_eval::evaluate(ranks, ds, opts, &mut progress)?;
+            println!("{}", result.report());
+            serde_json::to_string(&summary(&result, args.strict_lambada, ds.truncated))?
+        }
+        Work::Both(both) => {
+            let [ns, st] = both.evaluate(ranks, opts, &mut progress)?;
+            println!("non-strict:\n{}\nstrict (--strict-lambada):\n{}", ns.report(), st.report());
+            let v = json!({
+                "non_strict": summary(&ns, false, both.truncated[0]),
+                "strict": summary(&st, true, both.truncated[1]),
+                "seconds": ns.seconds,
+                "examples": both.examples,
+                "forwards": both.sequences(),
+                "shared_passages": both.shared,
+            });
+            serde_json::to_string(&v)?
+        }
+    };
     println!("{text}");
     if let Some(out) = &args.json_out {
         write_atomic(out, format!("{text}\n").as_bytes())?;
     }
     Ok(())
+}
+
+/// One rule's dataset, or LAMBADA's two rules sharing forwards.
+enum Work {
+    One(EvalDataset),
+    Both(ClozeBoth),
 }
 
 /// Writes `bytes` to `path` through a temporary file: fsync, then rename (never half a file).

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use megatron_core::Registry;
 use megatron_core::{DType, Group, ReduceOp};
-use megatron_plan::step_time::Rates;
+use megatron_plan::step_time::{Contention, Rates};
 use megatron_plan::{report, PlanInput, Precision, Recompute};
 use serde_json::json;
 use std::time::Instant;
@@ -38,6 +38,11 @@ pub struct PlanArgs {
     /// Memory streaming rate of one rank in GB/s, for the optimizer step (default: measured).
     #[arg(long)]
     pub mem_gbps: Option<f64>,
+    /// One rank's GEMM rate while all ranks that fit on the cores run GEMMs at once, as a
+    /// fraction of its rate alone (1 = ranks do not slow each other; default: measured now
+    /// when the layout has several ranks).
+    #[arg(long)]
+    pub concurrent_gemm_ratio: Option<f64>,
 }
 
 /// `"24G"`, `"512M"`, `"1073741824"` → bytes (binary units).
@@ -161,16 +166,28 @@ pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
     let world = input.tp * input.pp * input.dp;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = (cores / world).max(1);
+    // At the shape of the model's first MLP GEMM (tokens x F/tp x C), where most FLOPs go.
+    let shape = ((input.micro_batch * input.seq).clamp(64, 4096), (input.ffn / input.tp).max(64), input.hidden);
     let rate = match args.gemm_gflops {
         Some(g) => g * 1e9,
         None => {
             let backend = registry.backend(&a.backend, json!({ "threads": threads }))?;
-            // At the shape of the model's first MLP GEMM (tokens x F/tp x C), where most FLOPs go.
-            let tokens = (input.micro_batch * input.seq).clamp(64, 4096);
-            let ffn = (input.ffn / input.tp).max(64);
-            crate::bench::gemm_gflops(backend.as_ref(), tokens, ffn, input.hidden, (false, true))? * 1e9
+            crate::bench::gemm_gflops(backend.as_ref(), shape.0, shape.1, shape.2, (false, true))? * 1e9
         }
     };
+    let concurrent_ratio = match args.concurrent_gemm_ratio {
+        Some(r) if r > 0.0 && r <= 1.0 => r,
+        Some(r) => bail!("--concurrent-gemm-ratio {r} must lie in (0, 1]"),
+        // The ranks that fit on the cores at once (time-slicing beyond them is modelled).
+        None if world > 1 => {
+            let fit = (cores / threads).clamp(1, world);
+            let alone = concurrent_gemm_seconds(registry, &a.backend, 1, threads, shape)?;
+            let together = concurrent_gemm_seconds(registry, &a.backend, fit, threads, shape)?;
+            (alone / together).min(1.0)
+        }
+        None => 1.0,
+    };
+    let contention = Contention { cores, threads_per_rank: threads, concurrent_ratio };
     // The largest group whose collectives the step waits on (2 at least: a one-rank layout
     // communicates nothing, and the rate is then unused).
     let group = input.tp.max(input.dp).max(input.pp).max(2);
@@ -187,8 +204,54 @@ pub fn run(args: &PlanArgs, registry: &Registry) -> Result<()> {
     };
     let rates =
         Rates { gemm_flops_per_s: rate, comm_bytes_per_s: comm_rate, comm_latency_s: latency, mem_bytes_per_s: mem };
-    print!("{}", report::render(&input, Some(rates), budget));
+    print!("{}", report::render_shared(&input, Some(rates), &contention, budget));
     Ok(())
+}
+
+/// Seconds the slowest of `ranks` threads (each a backend with `threads` threads) takes for 6
+/// GEMMs of `shape` `(m, n, k)` when all start together (after one warm-up GEMM each).
+fn concurrent_gemm_seconds(
+    registry: &Registry,
+    backend: &str,
+    ranks: usize,
+    threads: usize,
+    (m, n, k): (usize, usize, usize),
+) -> Result<f64> {
+    use megatron_core::{GemmSpec, HostBuffer};
+    let start = std::sync::Barrier::new(ranks);
+    let times: Vec<Result<f64>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..ranks)
+            .map(|_| {
+                let start = &start;
+                s.spawn(move || -> Result<f64> {
+                    let b = registry.backend(backend, json!({ "threads": threads }))?;
+                    let x =
+                        b.from_host(HostBuffer::F32((0..m * k).map(|i| (i % 7) as f32 * 0.01).collect()), &[m * k])?;
+                    let w =
+                        b.from_host(HostBuffer::F32((0..k * n).map(|i| (i % 5) as f32 * 0.01).collect()), &[k * n])?;
+                    let mut c = b.zeros(&[m * n], DType::F32)?;
+                    let spec = GemmSpec { m, n, k, trans_a: false, trans_b: true, alpha: 1.0, beta: 0.0 };
+                    b.gemm(&x, &w, &mut c, spec, None)?;
+                    start.wait();
+                    let t = Instant::now();
+                    for _ in 0..6 {
+                        b.gemm(&x, &w, &mut c, spec, None)?;
+                    }
+                    b.synchronize()?;
+                    Ok(t.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench rank panicked"))))
+            .collect()
+    });
+    let mut worst = 0f64;
+    for t in times {
+        worst = worst.max(t.context("measuring concurrent GEMMs (megatron plan)")?);
+    }
+    Ok(worst)
 }
 
 /// Payload bytes/s and per-call seconds of an all-reduce (sum, fp32) among `ranks` thread ranks

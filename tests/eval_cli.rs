@@ -40,13 +40,28 @@ fn eval_tp1_equals_tp2_on_a_trained_checkpoint() {
     std::fs::write(&wiki, (0..70).map(|j| ((j * 31 + 5) % 99).to_string()).collect::<Vec<_>>().join(" ")).unwrap();
 
     let out = dir.path().join("summary.json");
+    let mut single = Vec::new();
     for strict in ["", "--strict-lambada"] {
         let base = format!("--task LAMBADA --valid-data {} --micro-batch-size 3 {strict}", lambada.display());
         let a = eval(&ckpt, &base, &out);
         let b = eval(&ckpt, &format!("{base} --tensor-model-parallel-size 2"), &out);
+        let full = eval(&ckpt, &format!("{base} --full-logits"), &out);
         assert_eq!(a["total_examples"], 7);
         assert_eq!(a["number_correct"], b["number_correct"], "{a} vs {b}");
+        assert_eq!((&a["correct"], &a["number_correct"]), (&full["correct"], &full["number_correct"]));
+        single.push(a);
     }
+    // Both rules from shared forwards: each rule's verdicts and losses as in its own run.
+    let both = eval(&ckpt, &format!("--task LAMBADA --valid-data {} --lambada-both-rules", lambada.display()), &out);
+    for (key, a) in ["non_strict", "strict"].iter().zip(&single) {
+        let r = &both[key];
+        assert_eq!((&r["correct"], &r["number_correct"]), (&a["correct"], &a["number_correct"]), "{key}");
+        for (x, y) in r["target_nll"].as_array().unwrap().iter().zip(a["target_nll"].as_array().unwrap()) {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{key}: loss {x} vs {y}");
+        }
+    }
+    assert_eq!(both["examples"], 7);
     for stride in [16, 4] {
         let base = format!("--task WIKITEXT103 --valid-data {} --overlapping-eval {stride}", wiki.display());
         let a = eval(&ckpt, &base, &out);

@@ -129,4 +129,8 @@ impl Model for GuardedModel {
     fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
         self.fallible("take_eval_metrics", |m| Ok(m.take_eval_metrics())).unwrap_or_default()
     }
+
+    fn logits_rows(&mut self, tokens: &[i32], b: usize, s: usize, rows: &[usize]) -> Result<Option<DeviceTensor>> {
+        self.fallible("logits_rows", |m| m.logits_rows(tokens, b, s, rows))
+    }
 }

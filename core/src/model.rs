@@ -338,4 +338,18 @@ pub trait Model: Send {
     fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
         Vec::new()
     }
+
+    /// Logits `(rows.len(), V_padded/tp)` of this rank at the flat positions `rows` (`b * seq_length
+    /// + t`) of `tokens (b, s)` only: the output layer runs on those rows alone (evaluation scores a
+    /// few positions per sample). `None` (the default) when the model has no such path: the
+    /// caller then takes the rows from [`Model::logits`].
+    fn logits_rows(
+        &mut self,
+        _tokens: &[i32],
+        _micro_batch_size: usize,
+        _seq_length: usize,
+        _rows: &[usize],
+    ) -> Result<Option<DeviceTensor>> {
+        Ok(None)
+    }
 }

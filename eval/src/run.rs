@@ -7,32 +7,12 @@
 //! outputs there do not depend on the padding behind it, so the scores equal those of the
 //! full `seq_len` batches Megatron runs, at a fraction of the cost for short LAMBADA passages.
 
+use crate::batches::{score_batches, RowBatch, RowOptions};
+pub use crate::batches::{LogitsRank, ModelRank};
 use crate::pyfmt::{repr, sci4};
-use crate::score::{combine, slice_stats, SliceStats};
 use crate::tasks::{EvalDataset, Task};
-use anyhow::{bail, Context, Result};
-use megatron_core::{Backend, Model};
+use anyhow::Result;
 use serde_json::{json, Value};
-use std::sync::{mpsc, Arc};
-
-/// One TP rank of the model under evaluation: host logits `(b, s, V_padded/tp)` of its vocab
-/// slice (rank `r` of `tp` holds ids `[r·V/tp, (r+1)·V/tp)`).
-pub trait LogitsRank: Send {
-    fn host_logits(&mut self, tokens: &[i32], batch: usize, seq: usize) -> Result<Vec<f32>>;
-}
-
-/// Any [`Model`] with the backend its tensors live on.
-pub struct ModelRank<M: Model> {
-    pub model: M,
-    pub backend: Arc<dyn Backend>,
-}
-
-impl<M: Model> LogitsRank for ModelRank<M> {
-    fn host_logits(&mut self, tokens: &[i32], batch: usize, seq: usize) -> Result<Vec<f32>> {
-        let logits = self.model.logits(tokens, batch, seq)?;
-        Ok(self.backend.to_host(&logits)?.to_f32_vec())
-    }
-}
 
 /// Evaluation settings besides the dataset.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +20,20 @@ pub struct EvalOptions {
     pub micro_batch_size: usize,
     /// Unpadded vocabulary: larger ids are padding and never predicted.
     pub vocab_size: usize,
+    /// Compute the whole `(b, s, V/tp)` logits and pick the scored rows on the host (the
+    /// original path) instead of running the output layer on the scored rows only.
+    pub full_logits: bool,
+}
+
+impl EvalOptions {
+    /// Partial logits (the output layer on the scored rows only).
+    pub fn new(micro_batch_size: usize, vocab_size: usize) -> EvalOptions {
+        EvalOptions { micro_batch_size, vocab_size, full_logits: false }
+    }
+
+    pub(crate) fn rows(&self) -> RowOptions {
+        RowOptions { vocab_size: self.vocab_size, full_logits: self.full_logits }
+    }
 }
 
 /// What an evaluation produced (SPEC §9.1–9.2).
@@ -56,6 +50,8 @@ pub struct EvalResult {
     pub seconds: f64,
     /// LAMBADA: whether each example was fully correct (in file order).
     pub correct: Vec<bool>,
+    /// Per sample (file order): the summed `-log p` of its scored targets.
+    pub nll: Vec<f64>,
 }
 
 impl EvalResult {
@@ -127,29 +123,24 @@ impl EvalResult {
                 v["total_examples"] = json!(self.samples);
                 v["accuracy"] = json!(self.accuracy());
                 v["correct"] = json!(self.correct.iter().map(|&c| c as u8).collect::<Vec<_>>());
+                v["target_nll"] = json!(self.nll);
             }
         }
         v
     }
 }
 
-/// One micro batch, cut to its used length: inputs `(b, s)`, flat scored positions, labels.
-struct MicroBatch {
-    b: usize,
-    s: usize,
-    tokens: Vec<i32>,
-    labels: Vec<i32>,
-    positions: Vec<usize>,
-}
-
-fn micro_batch(ds: &EvalDataset, first: usize, count: usize) -> MicroBatch {
+/// Micro batch `first..first + count` in file order, cut to its used length.
+fn micro_batch(ds: &EvalDataset, first: usize, count: usize) -> RowBatch {
     let samples: Vec<_> = (first..first + count).map(|i| ds.sample(i)).collect();
     let s = samples.iter().map(|x| x.used_len()).max().unwrap_or(1);
-    let mut mb = MicroBatch { b: count, s, tokens: Vec::new(), labels: Vec::new(), positions: Vec::new() };
+    let mut mb = RowBatch { b: count, s, tokens: Vec::new(), rows: Vec::new(), labels: Vec::new() };
     for (r, x) in samples.iter().enumerate() {
         mb.tokens.extend_from_slice(&x.tokens[..s]);
-        mb.labels.extend_from_slice(&x.tokens[1..s + 1]);
-        mb.positions.extend((0..s).filter(|&t| x.loss_mask[t] != 0.0).map(|t| r * s + t));
+        for t in (0..s).filter(|&t| x.loss_mask[t] != 0.0) {
+            mb.rows.push(r * s + t);
+            mb.labels.push(x.tokens[t + 1]);
+        }
     }
     mb
 }
@@ -162,13 +153,9 @@ pub fn evaluate(
     opts: EvalOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<EvalResult> {
-    if ranks.is_empty() {
-        bail!("evaluation needs at least one model rank");
-    }
     let mbs = opts.micro_batch_size.max(1);
     let n = ds.len();
     let batches = n.div_ceil(mbs);
-    let tp = ranks.len();
     let start = std::time::Instant::now();
     let mut result = EvalResult {
         task: ds.task,
@@ -179,52 +166,27 @@ pub fn evaluate(
         scored_targets: 0,
         seconds: 0.0,
         correct: Vec::new(),
+        nll: Vec::new(),
     };
-    std::thread::scope(|scope| -> Result<()> {
-        let mut receivers = Vec::with_capacity(tp);
-        for (r, mut rank) in ranks.into_iter().enumerate() {
-            let (tx, rx) = mpsc::sync_channel::<Result<SliceStats>>(1);
-            receivers.push(rx);
-            scope.spawn(move || {
-                for k in 0..batches {
-                    let mb = micro_batch(ds, k * mbs, mbs.min(n - k * mbs));
-                    let stats = rank.host_logits(&mb.tokens, mb.b, mb.s).and_then(|logits| {
-                        let v_local = logits.len() / (mb.b * mb.s);
-                        if v_local == 0 || logits.len() != mb.b * mb.s * v_local {
-                            bail!("rank {r} returned {} logits for a {}x{} batch", logits.len(), mb.b, mb.s);
-                        }
-                        Ok(slice_stats(&logits, v_local, r * v_local, opts.vocab_size, &mb.positions, &mb.labels))
-                    });
-                    let failed = stats.is_err();
-                    if tx.send(stats).is_err() || failed {
-                        return; // the collector stopped (another rank failed) or this one did
-                    }
-                }
-            });
+    let make = |k: usize| micro_batch(ds, k * mbs, mbs.min(n - k * mbs));
+    score_batches(ranks, batches, &make, opts.rows(), &mut |k, mb, scores| {
+        result.scored_targets += scores.len();
+        // Per sample: summed loss, and correct iff the argmax equals the label at every target.
+        let mut ok = vec![true; mb.b];
+        let mut nll = vec![0.0f64; mb.b];
+        for ((sc, &p), &label) in scores.iter().zip(&mb.rows).zip(&mb.labels) {
+            ok[p / mb.s] &= sc.argmax as i32 == label;
+            nll[p / mb.s] += sc.nll;
         }
-        for k in 0..batches {
-            let mut slices = Vec::with_capacity(tp);
-            for (r, rx) in receivers.iter().enumerate() {
-                let s = rx.recv().context("a model rank stopped early")?;
-                slices.push(s.with_context(|| format!("micro batch {k}, tensor-parallel rank {r}"))?);
+        match ds.task {
+            Task::Wikitext103 => result.output += scores.iter().map(|x| x.nll).sum::<f64>(),
+            Task::Lambada => {
+                result.output += ok.iter().filter(|&&x| x).count() as f64;
+                result.correct.extend(ok);
             }
-            let scores = combine(&slices);
-            let mb = micro_batch(ds, k * mbs, mbs.min(n - k * mbs));
-            result.scored_targets += scores.len();
-            match ds.task {
-                Task::Wikitext103 => result.output += scores.iter().map(|x| x.nll).sum::<f64>(),
-                Task::Lambada => {
-                    // A sample is correct iff the argmax equals the label at every target.
-                    let mut ok = vec![true; mb.b];
-                    for (sc, &p) in scores.iter().zip(&mb.positions) {
-                        ok[p / mb.s] &= sc.argmax as i32 == mb.labels[p];
-                    }
-                    result.output += ok.iter().filter(|&&x| x).count() as f64;
-                    result.correct.extend(ok);
-                }
-            }
-            progress(k + 1, batches);
         }
+        result.nll.extend(nll);
+        progress(k + 1, batches);
         Ok(())
     })?;
     result.seconds = start.elapsed().as_secs_f64();

@@ -7,7 +7,7 @@ use megatron_comm_local::LocalCommunicator;
 use megatron_core::{Backend, Model, ParallelContext, RankGrid, SpecialIds, Tokenizer};
 use megatron_cpu::CpuBackend;
 use megatron_eval::run::{EvalOptions, LogitsRank, ModelRank};
-use megatron_eval::{evaluate, EvalDataset, EvalResult, Task};
+use megatron_eval::{evaluate, ClozeBoth, EvalDataset, EvalResult, Task};
 use megatron_gpt::{GptConfig, GptModel};
 use std::sync::Arc;
 
@@ -81,8 +81,19 @@ fn ranks(c: &GptConfig, tp: usize) -> Vec<Box<dyn LogitsRank>> {
         .collect()
 }
 
+/// The original path (whole logits) and, checked against it, the output layer on the scored
+/// rows only: the same verdicts and per-sample losses to rounding.
 fn run(c: &GptConfig, tp: usize, ds: &EvalDataset, mbs: usize) -> EvalResult {
-    evaluate(ranks(c, tp), ds, EvalOptions { micro_batch_size: mbs, vocab_size: VOCAB }, &mut |_, _| {}).unwrap()
+    let opts = |full_logits| EvalOptions { micro_batch_size: mbs, vocab_size: VOCAB, full_logits };
+    let full = evaluate(ranks(c, tp), ds, opts(true), &mut |_, _| {}).unwrap();
+    let rows = evaluate(ranks(c, tp), ds, opts(false), &mut |_, _| {}).unwrap();
+    assert_eq!((rows.correct.clone(), rows.scored_targets), (full.correct.clone(), full.scored_targets));
+    assert_eq!(rows.nll.len(), ds.len());
+    for (a, b) in rows.nll.iter().zip(&full.nll) {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "partial logits loss {a} vs full {b}");
+    }
+    assert!((rows.output - full.output).abs() <= 1e-5 * full.output.abs().max(1.0));
+    full
 }
 
 /// Full-length `(SEQ, V_padded)` logits of one sample at tp = 1.
@@ -143,21 +154,20 @@ fn windows_match_naive_scoring_and_tp2() {
     }
 }
 
-#[test]
-fn lambada_counts_exactly_the_examples_built_to_be_right() {
-    let c = config(true);
-    let mut model = GptModel::new(c.clone(), backend(), ParallelContext::single()).unwrap();
+/// Cloze texts for `model`: context `i` ends with the model's own greedy next character when
+/// `i` is even, else with another character, so exactly the even ones are correct
+/// (non-strict: last token). Returns the texts and the number built to be right. The last
+/// context has no space: strict leaves it no context.
+fn built_texts(model: &mut GptModel) -> (Vec<String>, f64) {
     let contexts =
-        ["the old man sa", "it was the wor", "a quick fox", "over the lazy d", "best of ti", "no, said he", "wisdom."]; // the last: strict has no context;
-                                                                                                                        // Example i ends with the model's own greedy next character when i is even, else with
-                                                                                                                        // another character: exactly the even ones are correct (non-strict: last token).
+        ["the old man sa", "it was the wor", "a quick fox", "over the lazy d", "best of ti", "no, said he", "wisdom."];
     let mut texts = Vec::new();
     let mut want = 0.0;
     for (i, ctx) in contexts.iter().enumerate() {
         let ids: Vec<i32> = CharTokenizer.encode(ctx).unwrap().into_iter().map(|x| x as i32).collect();
         let mut padded = ids.clone();
         padded.resize(SEQ + 1, EOD);
-        let logits = full_logits(&mut model, &padded);
+        let logits = full_logits(model, &padded);
         let p = ids.len() - 1;
         let (_, best) = naive(&logits[p * 36..(p + 1) * 36], 0);
         let right = i % 2 == 0 && best != EOD; // eod cannot be written as text
@@ -165,14 +175,23 @@ fn lambada_counts_exactly_the_examples_built_to_be_right() {
         let next = if right { best } else { (best + 1) % EOD };
         texts.push(format!("{ctx}{}", ALPHABET.as_bytes()[next as usize] as char));
     }
+    (texts, want)
+}
+
+#[test]
+fn lambada_counts_exactly_the_examples_built_to_be_right() {
+    let c = config(true);
+    let mut model = GptModel::new(c.clone(), backend(), ParallelContext::single()).unwrap();
+    let (texts, want) = built_texts(&mut model);
+    let n = texts.len();
     let ds = EvalDataset::cloze(&texts, &CharTokenizer, SEQ, EOD, false).unwrap();
     assert!(want >= 1.0, "the model predicts eod everywhere; change the seed");
     for (tp, mbs) in [(1, 1), (1, 3), (2, 2)] {
         let got = run(&c, tp, &ds, mbs);
         assert_eq!(got.output, want, "tp {tp} micro batch {mbs}");
-        let even: Vec<bool> = (0..contexts.len()).map(|i| i % 2 == 0).collect();
+        let even: Vec<bool> = (0..n).map(|i| i % 2 == 0).collect();
         assert!(got.correct.iter().zip(&even).all(|(&c, &e)| !c || e), "only even examples can be right");
-        assert_eq!(got.samples, contexts.len());
+        assert_eq!(got.samples, n);
     }
     // Strict: targets are " " + the last word; the count equals the naive one.
     let strict = EvalDataset::cloze(&texts, &CharTokenizer, SEQ, EOD, true).unwrap();
@@ -206,6 +225,7 @@ fn strict_split_and_result_lines() {
         scored_targets: 5153,
         seconds: 1.0,
         correct: Vec::new(),
+        nll: Vec::new(),
     };
     // As Megatron's '{:.4E}'.format prints them.
     assert_eq!(
@@ -250,4 +270,36 @@ fn olmo_requests_and_megatron_jsonl_give_the_same_passages() {
     std::fs::write(&bad, "{\"txt\": 1}\n").unwrap();
     let err = format!("{:#}", megatron_eval::lambada_io::read_passages(&bad, None).unwrap_err());
     assert!(err.contains("bad.jsonl:1") && err.contains("request.context"), "{err}");
+}
+
+#[test]
+fn both_rules_from_shared_forwards_equal_each_rule_alone() {
+    let c = config(true);
+    let mut model = GptModel::new(c.clone(), backend(), ParallelContext::single()).unwrap();
+    let (mut texts, _) = built_texts(&mut model);
+    // Strict ids differ from the whole text's here (two spaces; trailing space): own forwards.
+    texts.extend(["he said  hello".to_string(), "it was the age ".to_string()]);
+    let both = ClozeBoth::new(&texts, &CharTokenizer, SEQ, EOD).unwrap();
+    // Shared: every built text but the space-less last one.
+    assert_eq!((both.shared, both.sequences()), (6, 6 + 2 * 3));
+    for (tp, mbs) in [(1, 1), (1, 4), (2, 3)] {
+        for full_logits in [false, true] {
+            let opts = EvalOptions { micro_batch_size: mbs, vocab_size: VOCAB, full_logits };
+            let got = both.evaluate(ranks(&c, tp), opts, &mut |_, _| {}).unwrap();
+            for (rule, strict) in [(0, false), (1, true)] {
+                let alone = run(&c, tp, &EvalDataset::cloze(&texts, &CharTokenizer, SEQ, EOD, strict).unwrap(), 1);
+                let g = &got[rule];
+                let what = format!("tp {tp} mbs {mbs} full {full_logits} strict {strict}");
+                assert_eq!(
+                    (&g.correct, g.output, g.scored_targets),
+                    (&alone.correct, alone.output, alone.scored_targets),
+                    "{what}"
+                );
+                for (a, b) in g.nll.iter().zip(&alone.nll) {
+                    assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{what}: loss {a} vs {b}");
+                }
+            }
+            assert!(got[0].output >= 1.0, "the built-to-be-right examples must count");
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The plan as text: one row per pipeline stage (bytes per rank), the process total, the
 //! FLOPs and predicted step time, and the suggestions when over budget.
 
-use crate::step_time::{predict, Rates};
+use crate::step_time::{predict_shared, Contention, Rates};
 use crate::{flops_per_iteration, plan, suggestions, PlanInput};
 
 /// Bytes as MiB/GiB with two decimals.
@@ -16,6 +16,12 @@ pub fn human(bytes: u128) -> String {
 
 /// The printed plan; `rates` give the step-time lines, `budget` the suggestions.
 pub fn render(input: &PlanInput, rates: Option<Rates>, budget: u128) -> String {
+    render_shared(input, rates, &Contention::NONE, budget)
+}
+
+/// [`render`] with the ranks sharing cores as `contention` says (the step time's
+/// `contention` term).
+pub fn render_shared(input: &PlanInput, rates: Option<Rates>, contention: &Contention, budget: u128) -> String {
     let p = plan(input);
     let mut s = format!(
         "plan: tp {} x pp {} x dp {} ({} ranks, virtual pp {}), micro batch {} x {} microbatches, seq {}, {:?}, recompute {:?}, {}optimizer ({} floats/param)\n",
@@ -77,9 +83,9 @@ pub fn render(input: &PlanInput, rates: Option<Rates>, budget: u128) -> String {
     let samples = input.micro_batch * input.num_microbatches * input.dp;
     s += &format!("FLOPs per iteration ({samples} samples): {:.6e}\n", flops_per_iteration(input, samples));
     if let Some(r) = rates {
-        let t = predict(input, &r);
+        let t = predict_shared(input, &r, contention);
         s += &format!(
-            "predicted step time: {:.3} s (compute {:.3} + bubble {:.3} + tp comm {:.3} + pp comm {:.3} + dp comm {:.3} + optimizer {:.3}) at {:.1} GFLOP/s per rank, communicator {:.2} GB/s + {:.0} us per call, memory {:.2} GB/s\n",
+            "predicted step time: {:.3} s (compute {:.3} + bubble {:.3} + tp comm {:.3} + pp comm {:.3} + dp comm {:.3} + optimizer {:.3} + contention {:.3}) at {:.1} GFLOP/s per rank, communicator {:.2} GB/s + {:.0} us per call, memory {:.2} GB/s\n",
             t.total_s(),
             t.compute_s,
             t.bubble_s,
@@ -87,11 +93,23 @@ pub fn render(input: &PlanInput, rates: Option<Rates>, budget: u128) -> String {
             t.pp_comm_s,
             t.dp_comm_s,
             t.optimizer_s,
+            t.contention_s,
             r.gemm_flops_per_s / 1e9,
             r.comm_bytes_per_s / 1e9,
             r.comm_latency_s * 1e6,
             r.mem_bytes_per_s / 1e9,
         );
+        let ranks = input.tp * input.pp * input.dp;
+        if ranks > 1 && *contention != Contention::NONE {
+            s += &format!(
+                "rank contention: {ranks} ranks x {} threads on {} cores (time-sliced x{:.2}), concurrent GEMM rate {:.2} of one rank alone: compute x{:.2}\n",
+                contention.threads_per_rank,
+                contention.cores,
+                contention.oversubscription(ranks),
+                contention.concurrent_ratio,
+                contention.compute_slowdown(ranks),
+            );
+        }
         s += &format!(
             "communication per rank and iteration (slowest stage): tp {} in {} calls, pp {} in {} calls, dp {} in {} calls\n",
             human(t.tp.bytes as u128),

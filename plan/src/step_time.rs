@@ -17,8 +17,17 @@
 //! transfer. This fits the `local` communicator (ranks are threads: every collective copies
 //! its inputs, reduces them and copies the result out, so its cost grows with the payload,
 //! not with a ring schedule). What it leaves out: non-GEMM kernels (norms, softmax,
-//! activations), ranks competing for the same cores beyond the measured rates, and the
-//! overlap of the data-parallel reduction with backward (`--overlap-grad-reduce`).
+//! activations) and the overlap of the data-parallel reduction with backward
+//! (`--overlap-grad-reduce`).
+//!
+//! Rank contention ([`Contention`], [`predict_shared`]): ranks are threads of one process, so
+//! they share the machine's cores. The GEMM rate is measured for one rank alone; when all
+//! ranks compute at once, (a) ranks × threads beyond the cores are time-sliced, stretching
+//! compute by `ranks·threads / cores`, and (b) ranks that each have their cores still share
+//! caches, memory bandwidth and, on a loaded machine, the scheduler's share of the process:
+//! `megatron plan` measures that as the GEMM rate of one rank while every rank that fits on
+//! the cores runs the same GEMM at once, over its rate alone. Compute and the bubble's compute
+//! are divided by both; communication and the optimizer keep their measured rates.
 
 use crate::{flops_per_iteration, stage_layer_count, PlanInput, Precision};
 
@@ -64,6 +73,8 @@ pub struct StepTime {
     pub dp_comm_s: f64,
     /// The optimizer step (memory-bound).
     pub optimizer_s: f64,
+    /// Extra compute (and bubble) time from ranks sharing cores ([`predict_shared`]).
+    pub contention_s: f64,
     pub tp: Traffic,
     pub pp: Traffic,
     pub dp: Traffic,
@@ -71,7 +82,43 @@ pub struct StepTime {
 
 impl StepTime {
     pub fn total_s(&self) -> f64 {
-        self.compute_s + self.bubble_s + self.tp_comm_s + self.pp_comm_s + self.dp_comm_s + self.optimizer_s
+        self.compute_s
+            + self.bubble_s
+            + self.tp_comm_s
+            + self.pp_comm_s
+            + self.dp_comm_s
+            + self.optimizer_s
+            + self.contention_s
+    }
+}
+
+/// How the ranks (threads of one process) share the machine's cores.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Contention {
+    /// Cores the process may use.
+    pub cores: usize,
+    /// Compute threads of each rank (the GEMM rate was measured with these).
+    pub threads_per_rank: usize,
+    /// One rank's GEMM rate while the ranks that fit on the cores all run GEMMs at once, over
+    /// its rate alone (1.0: no interference, or not measured).
+    pub concurrent_ratio: f64,
+}
+
+impl Contention {
+    /// No sharing: [`predict_shared`] equals [`predict`].
+    pub const NONE: Contention = Contention { cores: usize::MAX, threads_per_rank: 1, concurrent_ratio: 1.0 };
+
+    /// Time-slicing factor (≥ 1) of `ranks` ranks computing at once.
+    pub fn oversubscription(&self, ranks: usize) -> f64 {
+        ((ranks * self.threads_per_rank) as f64 / self.cores.max(1) as f64).max(1.0)
+    }
+
+    /// Factor (≥ 1) on one rank's compute time when `ranks` ranks compute at once.
+    pub fn compute_slowdown(&self, ranks: usize) -> f64 {
+        if ranks <= 1 {
+            return 1.0;
+        }
+        self.oversubscription(ranks) / self.concurrent_ratio.clamp(1e-3, 1.0)
     }
 }
 
@@ -167,6 +214,15 @@ fn stage_microbatch_flops(input: &PlanInput, stage: usize) -> f64 {
 
 /// The step time of `input` at `rates` (see the module docs): the slowest stage decides.
 pub fn predict(input: &PlanInput, rates: &Rates) -> StepTime {
+    predict_shared(input, rates, &Contention::NONE)
+}
+
+/// [`predict`] with the ranks sharing cores as `contention` says: the compute of every
+/// microbatch slot (bubble included) is stretched by [`Contention::compute_slowdown`] of all
+/// `tp · pp · dp` ranks (they all compute at once in steady state); the stretch is reported
+/// as `contention_s`.
+pub fn predict_shared(input: &PlanInput, rates: &Rates, contention: &Contention) -> StepTime {
+    let slowdown = contention.compute_slowdown(input.tp * input.pp * input.dp);
     let m = input.num_microbatches.max(1) as f64;
     let bubble_slots = (input.pp - 1) as f64 / input.virtual_pp.max(1) as f64;
     let mut worst = StepTime::default();
@@ -179,6 +235,7 @@ pub fn predict(input: &PlanInput, rates: &Rates) -> StepTime {
         let st = StepTime {
             compute_s: m * compute_mb,
             bubble_s: bubble_slots * slot,
+            contention_s: (m + bubble_slots) * compute_mb * (slowdown - 1.0),
             tp_comm_s: m * tp.seconds(rates),
             pp_comm_s: m * pp.seconds(rates),
             dp_comm_s: dp.seconds(rates),

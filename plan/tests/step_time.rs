@@ -85,3 +85,35 @@ fn data_parallel_volume_by_hand() {
     let b4 = PlanInput { bucket_elems: Some(40_000_000), ..dp2 };
     assert_eq!(dp_traffic(&b4, 0).calls, 4.0);
 }
+
+#[test]
+fn ranks_sharing_cores_stretch_compute_only() {
+    use megatron_plan::step_time::{predict_shared, Contention};
+    let x = PlanInput { tp: 2, pp: 2, ..gpt2(256, 2, 4) };
+    let base = predict(&x, &RATES);
+    // No sharing: the plain prediction, nothing added.
+    assert_eq!(predict_shared(&x, &RATES, &Contention::NONE), base);
+    let fits = Contention { cores: 4, threads_per_rank: 1, concurrent_ratio: 1.0 };
+    assert_eq!(predict_shared(&x, &RATES, &fits).contention_s, 0.0);
+    // 4 ranks x 1 thread on 2 cores: time-sliced x2, so every compute slot (bubble included)
+    // takes twice as long; communication and the optimizer are unchanged.
+    let two = Contention { cores: 2, threads_per_rank: 1, concurrent_ratio: 1.0 };
+    let t = predict_shared(&x, &RATES, &two);
+    let slot_compute = base.compute_s / 4.0;
+    assert!(rel(t.contention_s, (4.0 + 1.0) * slot_compute) < 1e-12, "{t:?}");
+    assert_eq!(
+        (t.tp_comm_s, t.pp_comm_s, t.dp_comm_s, t.optimizer_s),
+        (base.tp_comm_s, base.pp_comm_s, base.dp_comm_s, base.optimizer_s)
+    );
+    assert!(rel(t.total_s(), base.total_s() + t.contention_s) < 1e-12);
+    // Ranks that fit on the cores but run at 0.5 of their rate alone: compute doubles too;
+    // both effects multiply.
+    let half = Contention { cores: 4, threads_per_rank: 1, concurrent_ratio: 0.5 };
+    assert!(rel(predict_shared(&x, &RATES, &half).contention_s, t.contention_s) < 1e-12);
+    let both = Contention { cores: 2, threads_per_rank: 1, concurrent_ratio: 0.5 };
+    assert!(rel(both.compute_slowdown(4), 4.0) < 1e-12);
+    assert!(rel(predict_shared(&x, &RATES, &both).contention_s, 3.0 * (4.0 + 1.0) * slot_compute) < 1e-12);
+    // One rank never contends with itself.
+    let one = gpt2(256, 2, 1);
+    assert_eq!(predict_shared(&one, &RATES, &both), predict(&one, &RATES));
+}

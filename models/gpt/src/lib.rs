@@ -15,6 +15,7 @@ pub mod hf_gpt2;
 pub mod hf_llama;
 pub mod hf_rope;
 pub mod inference;
+mod logits_rows;
 pub mod model;
 pub mod param_shapes;
 // Moved to megatron-transformer (BERT shares it); the path `megatron_gpt::pipeline_split` stays.

@@ -271,6 +271,10 @@ impl Model for GptModel {
         Ok(out)
     }
 
+    fn logits_rows(&mut self, tokens: &[i32], b: usize, s: usize, rows: &[usize]) -> Result<Option<DeviceTensor>> {
+        self.logits_at_rows(tokens, b, s, rows)
+    }
+
     fn params(&self) -> Vec<&Param> {
         let mut p = self.embedding.as_ref().map(|e| e.params()).unwrap_or_default();
         p.extend(self.decoder.params());
