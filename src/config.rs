@@ -199,15 +199,18 @@ impl TrainConfig {
                     ),
                 );
                 need(a.recompute_num_layers != Some(0), "--recompute-num-layers must be at least 1".into());
+                // BERT and T5 build their own layer stacks (not the transformer block) and keep
+                // every layer's activations: full recomputation is not implemented for them.
                 need(
-                    a.model == "gpt",
-                    format!("--recompute-granularity full: model `{}` does not offer it (only `gpt` does)", a.model),
+                    ["gpt", "hybrid", "mamba"].contains(&a.model.as_str()),
+                    format!(
+                        "--recompute-granularity full: model `{}` does not offer it yet (gpt, hybrid and mamba \
+                         do); use --recompute-granularity selective or drop the flag",
+                        a.model
+                    ),
                 );
-                // A recomputed MoE layer would count its routing statistics twice.
-                need(
-                    a.moe.num_experts.is_none(),
-                    "--recompute-granularity full does not run with --num-experts yet; drop one of them".into(),
-                );
+                // MoE layers run with it: a recomputed forward counts no routing statistics
+                // again (`MlpModule::set_recomputing`).
             }
             Some(other) => need(false, format!("--recompute-granularity {other}: expected selective or full")),
         }
@@ -221,9 +224,20 @@ impl TrainConfig {
              gradients); drop it to reduce in fp32"
                 .into(),
         );
+        let half_models = ["gpt", "hybrid", "mamba"];
         need(
-            a.model == "gpt" || !(a.bf16 || a.fp16),
-            format!("--bf16/--fp16: model `{}` takes no dtype (only `gpt` does); train it in fp32", a.model),
+            half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),
+            format!(
+                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid and mamba do); train it in fp32",
+                a.model
+            ),
+        );
+        need(
+            !a.grad_reduce_in_bf16 || a.model == "gpt",
+            format!(
+                "--grad-reduce-in-bf16: model `{}` keeps fp32 gradient buffers (only gpt offers it); drop it",
+                a.model
+            ),
         );
         need(
             (0.0..1.0).contains(&a.hidden_dropout) && (0.0..1.0).contains(&a.attention_dropout),

@@ -72,6 +72,13 @@ pub struct MoeLayer {
     /// `global_aux_loss`: DP-reduced counts accumulated over this step's microbatches.
     global_counts: Vec<f64>,
     global_microbatches: usize,
+    /// Full recomputation re-runs a training forward ([`MlpModule::set_recomputing`]): route the
+    /// same way but count nothing (metrics, token counts, global aux-loss counts) again.
+    recomputing: bool,
+    /// `global_aux_loss`: the running average of the counts each training forward of this step
+    /// used, by microbatch seed, so a recomputed forward rebuilds the same aux-loss gradient
+    /// even when other microbatches' forwards ran in between (1F1B). Cleared every step.
+    global_used: BTreeMap<u64, Vec<f64>>,
     /// Metric name → (sum, count) since the last `take_metrics`.
     metrics: BTreeMap<String, (f64, f64)>,
     /// The last training forward's (aux loss, z-loss) values (tests).
@@ -163,6 +170,8 @@ impl MoeLayer {
             step_counts: vec![0.0; e],
             global_counts: vec![0.0; e],
             global_microbatches: 0,
+            recomputing: false,
+            global_used: BTreeMap::new(),
             metrics: BTreeMap::new(),
             last_losses: (0.0, 0.0),
             saved,
@@ -468,6 +477,12 @@ impl MlpModule for MoeLayer {
         self.step_counts = vec![0.0; self.cfg.num_experts];
         self.global_counts = vec![0.0; self.cfg.num_experts];
         self.global_microbatches = 0;
+        self.global_used.clear();
+        Ok(())
+    }
+
+    fn set_recomputing(&mut self, recomputing: bool) -> Result<()> {
+        self.recomputing = recomputing;
         Ok(())
     }
 
