@@ -1,3 +1,11 @@
+//! MoE layers (the `mlp` plugin, `megatron-moe`, linked in) in half-precision models and under
+//! full recomputation.
+//!
+//! Half: the plugin computes in fp32 behind the slot's widening boundary
+//! (`megatron_transformer::mlp_half`), so its router and experts keep fp32 parameters while the
+//! rest of the model is bf16/fp16; loss and gradients of one microbatch track the fp32 model
+//! within the half type's rounding.
+//!
 //! Full recomputation with MoE layers (the `mlp` plugin, `megatron-moe`, linked in): a
 //! recomputed MoE forward routes exactly as the first one and counts nothing twice, so losses,
 //! every gradient, the logged metrics (aux/z losses, expert loads) and the expert-bias update
@@ -8,7 +16,7 @@
 mod common;
 
 use common::*;
-use megatron_core::{Batch, MlpProvider, Mode, Model, ParallelContext, Registry, StageOutput};
+use megatron_core::{Batch, DType, MlpProvider, Mode, Model, ParallelContext, Registry, StageOutput};
 use megatron_gpt::{GptConfig, GptModel};
 use megatron_transformer::{FullRecompute, LocalSpecProvider, RecomputeMethod, WithMlpProvider};
 
@@ -111,5 +119,39 @@ fn moe_full_recompute_is_bit_identical_and_counts_once() {
             assert_eq!(metrics, want_metrics, "{what}: metrics (counted once per microbatch)");
             assert_eq!(buffers, want_buffers, "{what}: expert bias after the updates");
         }
+    }
+}
+
+/// Loss and concatenated gradients of one microbatch, and the model.
+fn loss_and_grads(dtype: DType) -> (f64, Vec<f32>, GptModel) {
+    let p = provider("aux_loss");
+    let with = WithMlpProvider { inner: &LocalSpecProvider, mlp: &p };
+    let mut c = config(None);
+    (c.hidden_dropout, c.attention_dropout, c.params_dtype) = (0.0, 0.0, dtype);
+    let mut m = GptModel::with_provider(c.clone(), backend(), ParallelContext::single(), &with).unwrap();
+    let b = batch(2, c.seq_length, c.vocab_size, 5);
+    let r = m.forward(&b, Mode::Train).unwrap();
+    m.backward(1.0 / r.num_tokens as f32).unwrap();
+    let g = m.params().iter().flat_map(|p| host(&m, &p.grad)).collect();
+    (r.loss_sum / r.num_tokens, g, m)
+}
+
+// Tolerances as models/gpt/tests/half_precision.rs (bf16: 8 significant bits, fp16: 11).
+#[test]
+fn moe_gpt_in_bf16_and_fp16_tracks_fp32() {
+    let (l32, g32, _) = loss_and_grads(DType::F32);
+    for (dtype, loss_tol, grad_tol) in [(DType::BF16, 1e-2, 6e-2), (DType::F16, 2e-3, 1e-2)] {
+        let (lh, gh, m) = loss_and_grads(dtype);
+        for p in m.params() {
+            let moe = p.name.contains(".mlp.router") || p.name.contains(".mlp.experts");
+            assert_eq!(p.value.dtype(), if moe { DType::F32 } else { dtype }, "{}", p.name);
+            assert_eq!(p.grad.dtype(), DType::F32, "{}", p.name);
+        }
+        let rel = ((lh - l32) / l32).abs();
+        assert!(rel < loss_tol, "{dtype}: loss {lh} vs fp32 {l32} (rel {rel:.2e})");
+        let d: f64 = gh.iter().zip(&g32).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let n: f64 = g32.iter().map(|y| (*y as f64).powi(2)).sum();
+        let e = (d / n).sqrt();
+        assert!(e < grad_tol && e > 0.0, "{dtype}: gradient rel. L2 error {e:.3e}");
     }
 }
