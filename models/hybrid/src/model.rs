@@ -308,10 +308,7 @@ impl Model for HybridModel {
 
     fn zero_grad(&mut self) -> Result<()> {
         let be = self.backend.clone();
-        for p in self.params_mut() {
-            be.fill(&mut p.grad, 0.0)?;
-        }
-        Ok(())
+        megatron_transformer::step::zero_grads(be.as_ref(), self.params_mut())
     }
 
     fn flops_per_iteration(&self, samples: usize) -> f64 {

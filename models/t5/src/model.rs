@@ -454,10 +454,7 @@ impl Model for T5Model {
 
     fn zero_grad(&mut self) -> Result<()> {
         let be = self.backend.clone();
-        for p in self.params_mut() {
-            be.fill(&mut p.grad, 0.0)?;
-        }
-        Ok(())
+        megatron_transformer::step::zero_grads(be.as_ref(), self.params_mut())
     }
 
     /// `6·params·tokens`-style count (SPEC §6.13 adapted): per sample, the matmuls of every
