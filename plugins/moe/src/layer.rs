@@ -72,12 +72,9 @@ pub struct MoeLayer {
     /// `global_aux_loss`: DP-reduced counts accumulated over this step's microbatches.
     global_counts: Vec<f64>,
     global_microbatches: usize,
-    /// Full recomputation re-runs a training forward ([`MlpModule::set_recomputing`]): route the
-    /// same way but count nothing (metrics, token counts, global aux-loss counts) again.
+    /// A full-recomputation forward ([`MlpModule::set_recomputing`]): counts nothing again.
     recomputing: bool,
-    /// `global_aux_loss`: the running average of the counts each training forward of this step
-    /// used, by microbatch seed, so a recomputed forward rebuilds the same aux-loss gradient
-    /// even when other microbatches' forwards ran in between (1F1B). Cleared every step.
+    /// `global_aux_loss` averages the first forwards used, by microbatch seed (cleared per step).
     global_used: BTreeMap<u64, Vec<f64>>,
     /// Metric name → (sum, count) since the last `take_metrics`.
     metrics: BTreeMap<String, (f64, f64)>,
