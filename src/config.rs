@@ -224,13 +224,17 @@ impl TrainConfig {
              gradients); drop it to reduce in fp32"
                 .into(),
         );
-        let half_models = ["gpt", "hybrid", "mamba"];
+        let half_models = ["gpt", "hybrid", "mamba", "t5"];
         need(
             half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),
             format!(
-                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid and mamba do); train it in fp32",
+                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid, mamba and t5 do); train it in fp32",
                 a.model
             ),
+        );
+        need(
+            !(a.fp32_residual_connection && a.model == "t5"),
+            "--fp32-residual-connection: t5 keeps its residual stream in the parameter dtype; drop it".into(),
         );
         need(
             !a.grad_reduce_in_bf16 || a.model == "gpt",

@@ -74,7 +74,7 @@ impl T5Model {
         }
         let tp = ctx.tp_size();
         config.validate(tp)?;
-        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
+        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed).with_precision(config.precision()?);
         let (h, std) = (config.hidden_size, config.init_method_std);
         let vocab = config.padded_vocab_size(tp)?;
         let embedding = if config.relative() {
@@ -148,6 +148,7 @@ impl T5Model {
                 )?,
                 config.hidden_dropout,
                 id,
+                config.params_dtype,
             ))
         };
         let encoder = (0..config.encoder_num_layers).map(|i| layer("encoder", i, false)).collect::<Result<Vec<_>>>()?;
@@ -212,7 +213,7 @@ impl T5Model {
     ) -> Result<(DeviceTensor, DeviceTensor)> {
         let be = self.backend.clone();
         let (b, se, h) = (step.batch, step.seq, self.config.hidden_size);
-        let mut x = be.zeros(&[b * se, h], DType::F32)?;
+        let mut x = be.zeros(&[b * se, h], self.config.params_dtype)?;
         self.embedding.forward(enc_ids, &mut x, step)?;
         let enc_in = AttnInputs {
             batch: b,
@@ -225,7 +226,7 @@ impl T5Model {
         for layer in &mut self.encoder {
             x = layer.forward(x, None, enc_in, None, step)?;
         }
-        let mut enc_out = be.zeros(&[b * se, h], DType::F32)?;
+        let mut enc_out = be.zeros(&[b * se, h], self.config.params_dtype)?;
         self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
         Ok((x, enc_out))
     }
@@ -250,6 +251,7 @@ impl T5Model {
         let be = self.backend.clone();
         let be = be.as_ref();
         let (b, se, sd, h) = (t.batch, t.enc_seq, t.dec_seq, self.config.hidden_size);
+        let act = self.config.params_dtype;
         let enc_step = StepInfo { batch: b, seq: se, train, seed };
         let dec_step = StepInfo { batch: b, seq: sd, train, seed: mix64(seed ^ 0x7435_6465_636f_6465) };
         let (enc_ids, dec_ids) = (self.ids(&t.enc_tokens)?, self.ids(&t.dec_tokens)?);
@@ -258,7 +260,7 @@ impl T5Model {
         let dec_bias = self.decoder_relative.as_ref().map(|r| r.forward(sd, sd)).transpose()?;
         let (enc_pre_final, enc_out) = self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step)?;
         // Decoder.
-        let mut y = be.zeros(&[b * sd, h], DType::F32)?;
+        let mut y = be.zeros(&[b * sd, h], act)?;
         self.embedding.forward(&dec_ids, &mut y, &dec_step)?;
         let dec_in = AttnInputs {
             batch: b,
@@ -279,7 +281,7 @@ impl T5Model {
         for layer in &mut self.decoder {
             y = layer.forward(y, Some(&enc_out), dec_in, Some(cross_in), &dec_step)?;
         }
-        let mut head_in = be.zeros(&[b * sd, h], DType::F32)?;
+        let mut head_in = be.zeros(&[b * sd, h], act)?;
         self.decoder_final_layernorm.forward(&y, &mut head_in)?;
         if let Some(s) = self.config.output_scale {
             be.scale(&mut head_in, s)?;
@@ -335,11 +337,12 @@ impl Model for T5Model {
         let be = self.backend.clone();
         let be = be.as_ref();
         let (b, se, sd) = (s.t.batch, s.t.enc_seq, s.t.dec_seq);
+        let act = self.config.params_dtype;
         let d_loss: Vec<f32> = s.t.loss_mask.iter().map(|&m| m * grad_scale).collect();
         let d_loss = be.from_host(HostBuffer::F32(d_loss), &[b * sd])?;
         let vocab_start = self.embedding.word_embeddings.vocab_range().0;
         self.ce.backward_inplace(&mut s.logits, &s.targets, vocab_start, &d_loss)?;
-        let mut d_head = be.zeros(s.head_in.shape(), DType::F32)?;
+        let mut d_head = be.zeros(s.head_in.shape(), act)?;
         {
             let w = match self.output_layer.as_mut() {
                 Some(p) => p,
@@ -352,10 +355,10 @@ impl Model for T5Model {
         if let Some(sc) = self.config.output_scale {
             be.scale(&mut d_head, sc)?;
         }
-        let mut d_y = be.zeros(d_head.shape(), DType::F32)?;
+        let mut d_y = be.zeros(d_head.shape(), act)?;
         self.decoder_final_layernorm.backward(&d_head, &s.dec_pre_final, &mut d_y)?;
         // Decoder stack, then its embedding.
-        let mut d_memory = be.zeros(s.enc_out.shape(), DType::F32)?;
+        let mut d_memory = be.zeros(s.enc_out.shape(), act)?;
         let mut d_dec_bias = s.dec_bias.as_ref().map(|t| be.zeros(t.shape(), DType::F32)).transpose()?;
         let dec_in = AttnInputs {
             batch: b,
@@ -389,7 +392,7 @@ impl Model for T5Model {
         }
         self.embedding.backward(&s.dec_ids, &d_y, &s.dec_step)?;
         // Encoder stack, then its embedding.
-        let mut d_x = be.zeros(d_memory.shape(), DType::F32)?;
+        let mut d_x = be.zeros(d_memory.shape(), act)?;
         self.encoder_final_layernorm.backward(&d_memory, &s.enc_pre_final, &mut d_x)?;
         let mut d_enc_bias = s.enc_bias.as_ref().map(|t| be.zeros(t.shape(), DType::F32)).transpose()?;
         let enc_in = AttnInputs {
