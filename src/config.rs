@@ -199,13 +199,14 @@ impl TrainConfig {
                     ),
                 );
                 need(a.recompute_num_layers != Some(0), "--recompute-num-layers must be at least 1".into());
-                // BERT and T5 build their own layer stacks (not the transformer block) and keep
-                // every layer's activations: full recomputation is not implemented for them.
+                // BERT builds its own layer stack (not the transformer block) and keeps every
+                // layer's activations: full recomputation is not implemented for it. T5 recomputes
+                // units of each stack (models/t5/src/recompute.rs).
                 need(
-                    ["gpt", "hybrid", "mamba"].contains(&a.model.as_str()),
+                    ["gpt", "hybrid", "mamba", "t5"].contains(&a.model.as_str()),
                     format!(
-                        "--recompute-granularity full: model `{}` does not offer it yet (gpt, hybrid and mamba \
-                         do); use --recompute-granularity selective or drop the flag",
+                        "--recompute-granularity full: model `{}` does not offer it yet (gpt, hybrid, mamba \
+                         and t5 do); use --recompute-granularity selective or drop the flag",
                         a.model
                     ),
                 );

@@ -77,6 +77,11 @@ pub fn model_config(a: &PretrainArgs, max_position_embeddings: usize, vocab_size
     if let (Some(d), Some(m)) = (dtype, c.as_object_mut()) {
         m.insert("params_dtype".into(), json!(d));
     }
+    // Full recomputation over each stack's layers (SPEC §6.9, models/t5/src/recompute.rs).
+    if let (Some("full"), Some(m)) = (a.recompute_granularity.as_deref(), c.as_object_mut()) {
+        let method = a.recompute_method.clone().unwrap_or_default();
+        m.insert("recompute".into(), json!({"method": method, "num_layers": a.recompute_num_layers.unwrap_or(1)}));
+    }
     c
 }
 

@@ -333,6 +333,15 @@ impl T5Attention {
         self.linear_proj.forward(&ctx, out)
     }
 
+    /// Frees what backward needs (full recomputation re-runs [`Self::forward`]).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let be = self.backend.as_ref();
+        (self.q, self.kv, self.ctx, self.lse, self.ctx_half) =
+            (empty(be)?, empty(be)?, empty(be)?, empty(be)?, empty(be)?);
+        self.spec = None;
+        Ok(())
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         let mut v: Vec<&Param> = match &self.proj {
             Proj::Qkv(l) => l.params(),

@@ -125,6 +125,11 @@ pub struct T5Config {
     /// logits/cross-entropy stay fp32 (SPEC §6.7, docs/mixed_precision.md).
     #[serde(default = "default_dtype", skip_serializing_if = "is_f32")]
     pub params_dtype: DType,
+    /// `--recompute-granularity full` (SPEC §6.9): units over each stack's layers (encoder and
+    /// decoder separately, as [`megatron_transformer::FullRecompute`] over a stage); `None`
+    /// keeps every activation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<megatron_transformer::FullRecompute>,
 }
 
 fn default_dtype() -> DType {
@@ -166,6 +171,7 @@ impl T5Config {
             output_scale: None,
             untie_embeddings_and_output_weights: false,
             params_dtype: DType::F32,
+            recompute: None,
         }
     }
 

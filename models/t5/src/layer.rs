@@ -243,6 +243,17 @@ impl T5Layer {
         Ok(y)
     }
 
+    /// Frees every tensor kept for backward (full recomputation: the unit's forward is re-run
+    /// from its input before the backward).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        (self.x, self.ln1, self.h1, self.lnx, self.h2, self.ln2) = (None, None, None, None, None, None);
+        self.self_attention.drop_saved()?;
+        if let Some((_, c)) = &mut self.cross {
+            c.drop_saved()?;
+        }
+        self.mlp.drop_saved()
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         let mut v = self.input_layernorm.params();
         v.extend(self.self_attention.params());

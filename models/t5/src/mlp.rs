@@ -84,6 +84,13 @@ impl T5Mlp {
         self.linear_fc1.backward(x, &d_fc1, Some(d_x))
     }
 
+    /// Frees what backward needs (full recomputation re-runs [`Self::forward`]).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let be = self.backend.as_ref();
+        (self.fc1_out, self.act_out) = (empty(be)?, empty(be)?);
+        Ok(())
+    }
+
     pub fn params(&self) -> Vec<&Param> {
         self.linear_fc1.params().into_iter().chain(self.linear_fc2.params()).collect()
     }

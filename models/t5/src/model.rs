@@ -15,6 +15,7 @@ use crate::config::T5Config;
 use crate::host::lengths;
 use crate::layer::{norm, T5Layer};
 use crate::mlp::T5Mlp;
+use crate::recompute::{backward_stack, forward_stack, StackInputs};
 use crate::relative::RelativeBias;
 use anyhow::{bail, Result};
 use megatron_core::{Backend, Batch, DType, DeviceTensor, HostBuffer, LossReport, Mode, Model, ParallelContext, Param};
@@ -43,6 +44,9 @@ struct Saved {
     targets: DeviceTensor,          // (B*S_dec) int32
     enc_step: StepInfo,
     dec_step: StepInfo,
+    /// Full recomputation: the input of every encoder / decoder unit, `(B*S, C)` each.
+    enc_units: Vec<DeviceTensor>,
+    dec_units: Vec<DeviceTensor>,
 }
 
 pub struct T5Model {
@@ -210,6 +214,7 @@ impl T5Model {
         enc_len: &DeviceTensor,
         enc_bias: Option<&DeviceTensor>,
         step: &StepInfo,
+        units: &mut Vec<DeviceTensor>,
     ) -> Result<(DeviceTensor, DeviceTensor)> {
         let be = self.backend.clone();
         let (b, se, h) = (step.batch, step.seq, self.config.hidden_size);
@@ -223,9 +228,8 @@ impl T5Model {
             kv_valid: Some(enc_len),
             bias: enc_bias,
         };
-        for layer in &mut self.encoder {
-            x = layer.forward(x, None, enc_in, None, step)?;
-        }
+        let a = StackInputs { memory: None, self_in: enc_in, cross_in: None };
+        x = forward_stack(be.as_ref(), &mut self.encoder, self.config.recompute, x, a, step, units)?;
         let mut enc_out = be.zeros(&[b * se, h], self.config.params_dtype)?;
         self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
         Ok((x, enc_out))
@@ -243,7 +247,7 @@ impl T5Model {
         let ids = self.ids(enc_tokens)?;
         let len = lengths(self.backend.as_ref(), &[se])?;
         let bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
-        Ok(self.encoder_pass(&ids, &len, bias.as_ref(), &step)?.1)
+        Ok(self.encoder_pass(&ids, &len, bias.as_ref(), &step, &mut Vec::new())?.1)
     }
 
     /// Runs encoder and decoder; returns the saved state (with the logits).
@@ -258,7 +262,9 @@ impl T5Model {
         let (enc_len, dec_len) = (lengths(be, &t.enc_len)?, lengths(be, &t.dec_len)?);
         let enc_bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
         let dec_bias = self.decoder_relative.as_ref().map(|r| r.forward(sd, sd)).transpose()?;
-        let (enc_pre_final, enc_out) = self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step)?;
+        let mut enc_units = Vec::new();
+        let (enc_pre_final, enc_out) =
+            self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step, &mut enc_units)?;
         // Decoder.
         let mut y = be.zeros(&[b * sd, h], act)?;
         self.embedding.forward(&dec_ids, &mut y, &dec_step)?;
@@ -278,9 +284,9 @@ impl T5Model {
             kv_valid: Some(&enc_len),
             bias: None,
         };
-        for layer in &mut self.decoder {
-            y = layer.forward(y, Some(&enc_out), dec_in, Some(cross_in), &dec_step)?;
-        }
+        let a = StackInputs { memory: Some(&enc_out), self_in: dec_in, cross_in: Some(cross_in) };
+        let mut dec_units = Vec::new();
+        y = forward_stack(be, &mut self.decoder, self.config.recompute, y, a, &dec_step, &mut dec_units)?;
         let mut head_in = be.zeros(&[b * sd, h], act)?;
         self.decoder_final_layernorm.forward(&y, &mut head_in)?;
         if let Some(s) = self.config.output_scale {
@@ -308,6 +314,8 @@ impl T5Model {
             targets,
             enc_step,
             dec_step,
+            enc_units,
+            dec_units,
         })
     }
 }
@@ -376,17 +384,18 @@ impl Model for T5Model {
             kv_valid: Some(&s.enc_len),
             bias: None,
         };
-        for layer in self.decoder.iter_mut().rev() {
-            d_y = layer.backward(
-                d_y,
-                Some(&s.enc_out),
-                dec_in,
-                Some(cross_in),
-                Some(&mut d_memory),
-                d_dec_bias.as_mut(),
-                &s.dec_step,
-            )?;
-        }
+        let a = StackInputs { memory: Some(&s.enc_out), self_in: dec_in, cross_in: Some(cross_in) };
+        d_y = backward_stack(
+            be,
+            &mut self.decoder,
+            self.config.recompute,
+            d_y,
+            a,
+            Some(&mut d_memory),
+            d_dec_bias.as_mut(),
+            &s.dec_step,
+            &s.dec_units,
+        )?;
         if let (Some(r), Some(d)) = (self.decoder_relative.as_mut(), d_dec_bias.as_ref()) {
             r.backward(d, sd, sd)?;
         }
@@ -403,9 +412,9 @@ impl Model for T5Model {
             kv_valid: Some(&s.enc_len),
             bias: s.enc_bias.as_ref(),
         };
-        for layer in self.encoder.iter_mut().rev() {
-            d_x = layer.backward(d_x, None, enc_in, None, None, d_enc_bias.as_mut(), &s.enc_step)?;
-        }
+        let a = StackInputs { memory: None, self_in: enc_in, cross_in: None };
+        let rc = self.config.recompute;
+        d_x = backward_stack(be, &mut self.encoder, rc, d_x, a, None, d_enc_bias.as_mut(), &s.enc_step, &s.enc_units)?;
         if let (Some(r), Some(d)) = (self.encoder_relative.as_mut(), d_enc_bias.as_ref()) {
             r.backward(d, se, se)?;
         }
