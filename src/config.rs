@@ -193,15 +193,19 @@ impl TrainConfig {
                     ),
                 );
                 need(a.recompute_num_layers != Some(0), "--recompute-num-layers must be at least 1".into());
+                // BERT builds its own layer stack (not the transformer block) and keeps every
+                // layer's activations: full recomputation is not implemented for it. T5 recomputes
+                // units of each stack (models/t5/src/recompute.rs).
                 need(
-                    a.model == "gpt",
-                    format!("--recompute-granularity full: model `{}` does not offer it (only `gpt` does)", a.model),
+                    ["gpt", "hybrid", "mamba", "t5"].contains(&a.model.as_str()),
+                    format!(
+                        "--recompute-granularity full: model `{}` does not offer it yet (gpt, hybrid, mamba \
+                         and t5 do); use --recompute-granularity selective or drop the flag",
+                        a.model
+                    ),
                 );
-                // A recomputed MoE layer would count its routing statistics twice.
-                need(
-                    a.moe.num_experts.is_none(),
-                    "--recompute-granularity full does not run with --num-experts yet; drop one of them".into(),
-                );
+                // MoE layers run with it: a recomputed forward counts no routing statistics
+                // again (`MlpModule::set_recomputing`).
             }
             Some(other) => need(false, format!("--recompute-granularity {other}: expected selective or full")),
         }
@@ -215,9 +219,24 @@ impl TrainConfig {
              gradients); drop it to reduce in fp32"
                 .into(),
         );
+        let half_models = ["gpt", "hybrid", "mamba", "t5"];
         need(
-            a.model == "gpt" || !(a.bf16 || a.fp16),
-            format!("--bf16/--fp16: model `{}` takes no dtype (only `gpt` does); train it in fp32", a.model),
+            half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),
+            format!(
+                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid, mamba and t5 do); train it in fp32",
+                a.model
+            ),
+        );
+        need(
+            !(a.fp32_residual_connection && a.model == "t5"),
+            "--fp32-residual-connection: t5 keeps its residual stream in the parameter dtype; drop it".into(),
+        );
+        need(
+            !a.grad_reduce_in_bf16 || a.model == "gpt",
+            format!(
+                "--grad-reduce-in-bf16: model `{}` keeps fp32 gradient buffers (only gpt offers it); drop it",
+                a.model
+            ),
         );
         need(
             (0.0..1.0).contains(&a.hidden_dropout) && (0.0..1.0).contains(&a.attention_dropout),

@@ -107,6 +107,24 @@ pub fn model_config(a: &PretrainArgs, vocab_size: usize) -> Value {
     });
     if let Some(m) = c.as_object_mut() {
         m.retain(|_, v| !v.is_null());
+        // Mixed precision only when asked (SPEC §6.7, docs/mixed_precision.md).
+        if a.recompute_granularity.as_deref() == Some("full") {
+            let method = a.recompute_method.clone().unwrap_or_default();
+            m.insert("recompute".into(), json!({"method": method, "num_layers": a.recompute_num_layers.unwrap_or(1)}));
+        }
+        let dtype = if a.bf16 {
+            Some("bf16")
+        } else if a.fp16 {
+            Some("f16")
+        } else {
+            None
+        };
+        if let Some(d) = dtype {
+            m.insert("params_dtype".into(), json!(d));
+            if a.fp32_residual_connection {
+                m.insert("fp32_residual_connection".into(), json!(true));
+            }
+        }
     }
     c
 }

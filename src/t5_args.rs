@@ -66,6 +66,22 @@ pub fn model_config(a: &PretrainArgs, max_position_embeddings: usize, vocab_size
     if c["kv_channels"].is_null() {
         c.as_object_mut().map(|m| m.remove("kv_channels"));
     }
+    // Mixed precision only when asked (SPEC §6.7, docs/mixed_precision.md).
+    let dtype = if a.bf16 {
+        Some("bf16")
+    } else if a.fp16 {
+        Some("f16")
+    } else {
+        None
+    };
+    if let (Some(d), Some(m)) = (dtype, c.as_object_mut()) {
+        m.insert("params_dtype".into(), json!(d));
+    }
+    // Full recomputation over each stack's layers (SPEC §6.9, models/t5/src/recompute.rs).
+    if let (Some("full"), Some(m)) = (a.recompute_granularity.as_deref(), c.as_object_mut()) {
+        let method = a.recompute_method.clone().unwrap_or_default();
+        m.insert("recompute".into(), json!({"method": method, "num_layers": a.recompute_num_layers.unwrap_or(1)}));
+    }
     c
 }
 

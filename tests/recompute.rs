@@ -1,7 +1,9 @@
 //! `--recompute-granularity full` through `megatron pretrain`: with dropout on, every method
 //! gives losses, grad norms and validation losses bit-identical to keeping the activations, on
 //! one rank, at tp2·pp2 (1F1B keeps microbatches in flight) and in bf16; at tp2·pp2 with
-//! dropout off it matches the single rank without recomputation (1e-5 relative).
+//! dropout off it matches the single rank without recomputation (1e-5 relative). The hybrid
+//! model likewise (fp32 and bf16, one rank and pp2); BERT refuses it with the reason (T5's
+//! bit-identity is `cargo test -p megatron-t5 --test recompute`).
 
 mod common;
 use common::*;
@@ -46,4 +48,25 @@ fn full_recompute_at_tp2_pp2_matches_the_single_rank() {
         run(&format!("{off} --nproc 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 {}", FULL[1]));
     let (loss, norm) = (max_rel(&full.losses, &reference.losses), max_rel(&full.grad_norms, &reference.grad_norms));
     assert!(loss < 1e-5 && norm < 1e-5, "tp2·pp2 full recompute vs one rank: loss {loss:.2e}, grad norm {norm:.2e}");
+}
+
+const HYBRID: &str = "--model hybrid --num-layers 4 --hybrid-layer-pattern M*-M --normalization RMSNorm \
+    --mamba-state-dim 8 --mamba-head-dim 8 --mamba-num-groups 2 --mamba-chunk-size 5";
+
+#[test]
+fn hybrid_full_recompute_is_bit_identical_with_dropout() {
+    for layout in ["", "--bf16", "--nproc 2 --pipeline-model-parallel-size 2 --hybrid-layer-pattern M*|-M"] {
+        let keep = run(&format!("{HYBRID} {layout}"));
+        assert_eq!(keep.losses.len(), 8);
+        for full in [FULL[0], FULL[2]] {
+            same(&run(&format!("{HYBRID} {layout} {full}")), &keep, &format!("hybrid [{layout}] {full}"));
+        }
+    }
+}
+
+#[test]
+fn full_recompute_is_refused_for_bert_with_the_reason() {
+    let f = tiny_with(&format!("--model bert --train-iters 1 {}", FULL[0]));
+    let e = format!("{:#}", pretrain(&f).unwrap_err());
+    assert!(e.contains("model `bert` does not offer it yet"), "bert: {e}");
 }

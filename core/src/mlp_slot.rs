@@ -81,6 +81,13 @@ pub trait MlpModule: Send {
     fn buffers_mut(&mut self) -> Vec<&mut Param> {
         Vec::new()
     }
+    /// Full activation recomputation (`--recompute-granularity full`) is about to re-run
+    /// (`true`) or has re-run (`false`) training forwards this module already ran once, with
+    /// the same inputs and [`MlpStep`]: a recomputed forward must rebuild exactly what the first
+    /// one saved for backward, and count nothing a second time (metrics, routing statistics).
+    fn set_recomputing(&mut self, _recomputing: bool) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A factory: `Ok(None)` keeps the dense MLP in this layer (e.g. `--moe-layer-freq`).
@@ -154,5 +161,8 @@ impl MlpModule for GuardedMlp {
     }
     fn buffers_mut(&mut self) -> Vec<&mut Param> {
         self.inner.buffers_mut()
+    }
+    fn set_recomputing(&mut self, recomputing: bool) -> Result<()> {
+        self.call("set_recomputing", |m| m.set_recomputing(recomputing))?
     }
 }

@@ -300,11 +300,8 @@ impl Model for GptModel {
     }
 
     fn zero_grad(&mut self) -> Result<()> {
-        let backend = self.backend.clone();
-        for p in self.params_mut() {
-            backend.fill(&mut p.grad, 0.0)?;
-        }
-        Ok(())
+        let be = self.backend.clone();
+        megatron_transformer::step::zero_grads(be.as_ref(), self.params_mut())
     }
 
     fn flops_per_iteration(&self, samples: usize) -> f64 {

@@ -3,7 +3,8 @@
 //! `*` self-attention, `-` MLP).
 
 use anyhow::{bail, Result};
-use megatron_transformer::{NormKind, TransformerConfig};
+use megatron_core::DType;
+use megatron_transformer::{FullRecompute, NormKind, Precision, TransformerConfig};
 use serde::{Deserialize, Serialize};
 
 /// What one layer of the pattern is.
@@ -113,6 +114,15 @@ fn d_seed() -> u64 {
 fn d_norm() -> NormKind {
     NormKind::RMSNorm
 }
+fn d_dtype() -> DType {
+    DType::F32
+}
+fn is_f32(d: &DType) -> bool {
+    *d == DType::F32
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 
 /// Architecture and initialisation of a hybrid model. Defaults are Megatron's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -166,6 +176,19 @@ pub struct HybridConfig {
     pub normalization: NormKind,
     #[serde(default)]
     pub untie_embeddings_and_output_weights: bool,
+    /// dtype of parameters and activations: `f32`, `bf16` (`--bf16`) or `f16` (`--fp16`); the
+    /// fp32 main parameters live in the optimizer (SPEC §6.7). The Mamba mixer's scan runs in
+    /// fp32 inside (see [`crate::mixer`]).
+    #[serde(default = "d_dtype", skip_serializing_if = "is_f32")]
+    pub params_dtype: DType,
+    /// `--fp32-residual-connection`: the residual stream stays fp32 in a half model.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub fp32_residual_connection: bool,
+    /// `--recompute-granularity full` with its method and unit size (SPEC §6.9), over the
+    /// layers of each pipeline stage as the GPT's ([`megatron_transformer::recompute`]); `None`
+    /// keeps every activation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<FullRecompute>,
 }
 
 impl HybridConfig {
@@ -199,7 +222,15 @@ impl HybridConfig {
             seed: d_seed(),
             normalization: d_norm(),
             untie_embeddings_and_output_weights: false,
+            params_dtype: d_dtype(),
+            fp32_residual_connection: false,
+            recompute: None,
         }
+    }
+
+    /// The dtypes the modules are built with (see `megatron_transformer::precision`).
+    pub fn precision(&self) -> Result<Precision> {
+        Precision::new(self.params_dtype, self.fp32_residual_connection)
     }
 
     pub fn layers(&self) -> Result<Vec<LayerKind>> {
@@ -259,6 +290,12 @@ impl HybridConfig {
         }
         if self.vocab_size == 0 || self.seq_length == 0 {
             e.push("vocab_size and seq_length must be >= 1".into());
+        }
+        if self.recompute.is_some_and(|r| r.num_layers == 0) {
+            e.push("--recompute-num-layers must be at least 1".into());
+        }
+        if let Err(err) = self.precision() {
+            e.push(format!("params_dtype: {err}"));
         }
         if !e.is_empty() {
             bail!("invalid hybrid model config:\n  - {}", e.join("\n  - "));

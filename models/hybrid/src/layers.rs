@@ -43,6 +43,8 @@ pub struct HybridLayer {
     pub norm: Box<dyn NormLayer>,
     pub branch: Branch,
     hidden_dropout: f32,
+    /// dtype of the norm output and the branch gradients (the model's activation dtype).
+    act: DType,
     normed: DeviceTensor, // (B, T, C): norm(x), the branch input
 }
 
@@ -112,6 +114,7 @@ impl HybridLayer {
             norm,
             branch,
             hidden_dropout: cfg.hidden_dropout,
+            act: b.dtype(),
         })
     }
 
@@ -127,7 +130,7 @@ impl HybridLayer {
     pub fn forward(&mut self, x: &DeviceTensor, y: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
         let be = self.backend.clone();
         let be = be.as_ref();
-        ensure_buffer(be, &mut self.normed, x.shape(), DType::F32)?;
+        ensure_buffer(be, &mut self.normed, x.shape(), self.act)?;
         self.norm.forward(x, &mut self.normed)?;
         match &mut self.branch {
             Branch::Mamba(m) => m.forward(&self.normed, y, step.batch, step.seq)?,
@@ -151,8 +154,9 @@ impl HybridLayer {
     ) -> Result<()> {
         let be = self.backend.clone();
         let be = be.as_ref();
-        ensure_buffer(be, d_branch, d_res.shape(), DType::F32)?;
-        ensure_buffer(be, d_norm, d_res.shape(), DType::F32)?;
+        // d_branch carries residual-stream gradients, d_norm the norm's (activation dtype).
+        ensure_buffer(be, d_branch, d_res.shape(), d_res.dtype())?;
+        ensure_buffer(be, d_norm, d_res.shape(), self.act)?;
         be.copy(d_res, d_branch)?;
         hidden_dropout(be, d_branch, self.hidden_dropout, self.layer_number, self.site(), step)?;
         let ctx = || format!("backward of hybrid layer {} ({:?})", self.layer_number, self.kind);
@@ -165,6 +169,15 @@ impl HybridLayer {
         .with_context(ctx)?;
         self.norm.backward(d_norm, x, d_branch).with_context(ctx)?;
         be.axpy(d_res, 1.0, d_branch)
+    }
+
+    /// Marks the following training forwards as recomputations (full recomputation): an MoE
+    /// branch then counts no routing statistics again ([`megatron_core::MlpModule::set_recomputing`]).
+    pub(crate) fn set_recomputing(&mut self, recomputing: bool) -> Result<()> {
+        match &mut self.branch {
+            Branch::Moe(m) => m.set_recomputing(recomputing),
+            _ => Ok(()),
+        }
     }
 
     /// The module buffers a training forward fills for backward: the norm's statistics and

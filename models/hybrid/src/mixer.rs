@@ -14,6 +14,13 @@
 //! input gradients of `in_proj`. Every rank then runs the unchanged local math on `H/tp` heads
 //! and `G/tp` groups. Parameters are drawn whole and sliced, so they do not depend on tp.
 //!
+//! Mixed precision (`--bf16`/`--fp16`): the parameters are in the model's half dtype like
+//! every other layer's (fp32 main copies in the optimizer, fp32 gradients), the input, the
+//! `out_proj` input and the output are half activations, and the two projections are half GEMMs
+//! with f32 accumulation. The conv, the scan and the gated norm run in fp32 inside: their
+//! Backend ops get f32 tensors (the small conv/D/norm parameters widened per call, exact), and
+//! the tensors they save for backward stay f32; `in_proj`'s output is read on the host in f32.
+//!
 //! Initialisation as Megatron/mamba_ssm: `in_proj` Normal(0, std), `out_proj` Normal(0,
 //! std/√(2L)), conv weight and bias U(±1/√K) (PyTorch's default for a depthwise conv),
 //! `dt_bias` = inverse softplus of Δ = exp(U(log 1e-3, log 0.1)) floored at 1e-4,
@@ -81,7 +88,7 @@ pub(crate) struct SavedTensors {
     y: DeviceTensor,       // (N, Di): scan output
     rstd: DeviceTensor,    // (N, G)
     states: DeviceTensor,  // (B, H, chunks, N_state, P)
-    y_norm: DeviceTensor,  // (N, Di): out_proj input
+    y_norm: DeviceTensor,  // (N, Di): out_proj input, activation dtype
 }
 
 pub struct MambaMixer {
@@ -89,6 +96,8 @@ pub struct MambaMixer {
     ctx: ParallelContext,
     pub dims: MixerDims,
     eps: f32,
+    /// Activation dtype: the `out_proj` input saved for backward (`y_norm`).
+    act: DType,
     pub in_proj: Param,     // [2Di + 2GN + H, C]
     pub conv_weight: Param, // [Di + 2GN, 1, K]
     pub conv_bias: Param,   // [Di + 2GN]
@@ -117,6 +126,7 @@ fn blocked_param(b: &ModuleBuilder, name: &str, shape: &[usize], blocks: &[usize
     }
     let mut local_shape = shape.to_vec();
     local_shape[0] /= tp;
+    let dtype = b.dtype();
     let layout = ParamLayout {
         tp_axis: Some(0),
         tp_rank: rank,
@@ -125,12 +135,30 @@ fn blocked_param(b: &ModuleBuilder, name: &str, shape: &[usize], blocks: &[usize
         tp_blocks: if blocks.len() > 1 { blocks.to_vec() } else { Vec::new() },
         ..ParamLayout::replicated(shape, shape.len() == 1)
     };
-    Ok(Param {
-        name: name.to_string(),
-        value: b.backend.from_host(HostBuffer::F32(local), &local_shape)?,
-        grad: b.backend.zeros(&local_shape, DType::F32)?,
-        layout,
-    })
+    let value = widened_to(b.backend.as_ref(), b.backend.from_host(HostBuffer::F32(local), &local_shape)?, dtype)?;
+    Ok(Param { name: name.to_string(), value, grad: b.backend.zeros(&local_shape, b.precision.grads)?, layout })
+}
+
+/// `t` (f32) rounded once to `dtype` (`t` itself for f32).
+fn widened_to(be: &dyn Backend, t: DeviceTensor, dtype: DType) -> Result<DeviceTensor> {
+    if t.dtype() == dtype {
+        return Ok(t);
+    }
+    let mut out = be.zeros(t.shape(), dtype)?;
+    be.cast(&t, &mut out)?;
+    Ok(out)
+}
+
+/// An f32 copy of a (half) parameter value, for the fp32 Backend ops of the conv, the scan
+/// and the gated norm (exact: widening a half value).
+fn f32_of(be: &dyn Backend, t: &DeviceTensor) -> Result<DeviceTensor> {
+    let mut out = be.zeros(t.shape(), DType::F32)?;
+    if t.dtype() == DType::F32 {
+        be.copy(t, &mut out)?;
+    } else {
+        be.cast(t, &mut out)?;
+    }
+    Ok(out)
 }
 
 fn uniform(b: &ModuleBuilder, name: &str, n: usize, lo: f32, hi: f32) -> Vec<f32> {
@@ -171,9 +199,6 @@ impl MambaMixer {
         out_std: f32,
         eps: f32,
     ) -> Result<MambaMixer> {
-        if b.dtype() != DType::F32 {
-            bail!("the Mamba-2 mixer runs in fp32 only for now; drop --bf16/--fp16");
-        }
         let tp = b.tp_size();
         if !dims.heads.is_multiple_of(tp) || !dims.groups.is_multiple_of(tp) || !dims.heads.is_multiple_of(dims.groups)
         {
@@ -221,6 +246,7 @@ impl MambaMixer {
             ctx: b.ctx.clone(),
             dims: local,
             eps,
+            act: b.dtype(),
             saved: Saved::default(),
         })
     }
@@ -270,8 +296,8 @@ impl MambaMixer {
         let (mut xbc_t, mut xbc_pre) = (be.zeros(&[rows, ch], DType::F32)?, be.zeros(&[rows, ch], DType::F32)?);
         be.causal_conv1d_silu_forward(
             &xbc_in,
-            &self.conv_weight.value,
-            &self.conv_bias.value,
+            &f32_of(be, &self.conv_weight.value)?,
+            &f32_of(be, &self.conv_bias.value)?,
             &mut xbc_t,
             &mut xbc_pre,
             conv_dims,
@@ -284,13 +310,15 @@ impl MambaMixer {
         let cm = t(cols(&xbc, ch, di + gn, gn), &[rows, gn])?;
         let delta = t(delta, &[rows, h])?;
         let spec = self.ssd_dims(batch, seq);
-        let inputs = SsdTensors { x: &x, dt: &delta, a: &a, b: &bm, c: &cm, d: &self.d.value };
+        let d_skip = f32_of(be, &self.d.value)?;
+        let inputs = SsdTensors { x: &x, dt: &delta, a: &a, b: &bm, c: &cm, d: &d_skip };
         let mut y = be.zeros(&[rows, di], DType::F32)?;
         let mut states = be.zeros(&[spec.states_len()], DType::F32)?;
         be.ssd_scan_forward(inputs, &mut y, &mut states, spec)?;
         let z = t(cols(&zxbcdt, width, 0, di), &[rows, di])?;
         let (mut yn, mut rstd) = (be.zeros(&[rows, di], DType::F32)?, be.zeros(&[rows, d.groups], DType::F32)?);
-        be.gated_rmsnorm_forward(&y, &z, &self.norm.value, d.groups, self.eps, &mut yn, &mut rstd)?;
+        be.gated_rmsnorm_forward(&y, &z, &f32_of(be, &self.norm.value)?, d.groups, self.eps, &mut yn, &mut rstd)?;
+        let yn = widened_to(be, yn, self.act)?; // the out_proj input, an activation (half)
         linear_forward(be, &yn, &self.out_proj.value, None, out)?;
         reduce_from_tp_region_forward(&self.ctx, out)?; // row-parallel out_proj: sum the partial outputs
         let tensors = SavedTensors { xbc_in, xbc_pre, x, bm, cm, delta, z, y, rstd, states, y_norm: yn };
@@ -316,7 +344,7 @@ impl MambaMixer {
         be.gated_rmsnorm_backward(
             &st.y,
             &st.z,
-            &self.norm.value,
+            &f32_of(be, &self.norm.value)?,
             d.groups,
             &st.rstd,
             &d_yn,
@@ -327,7 +355,8 @@ impl MambaMixer {
         // Scan.
         let a_log = read(be, &self.a_log.value)?;
         let a = be.from_host(HostBuffer::F32(a_from_log(&a_log)), &[h])?;
-        let inputs = SsdTensors { x: &st.x, dt: &st.delta, a: &a, b: &st.bm, c: &st.cm, d: &self.d.value };
+        let d_skip = f32_of(be, &self.d.value)?;
+        let inputs = SsdTensors { x: &st.x, dt: &st.delta, a: &a, b: &st.bm, c: &st.cm, d: &d_skip };
         let (mut gx, mut gdt, mut ga) = (zeros(&[rows, di])?, zeros(&[rows, h])?, zeros(&[h])?);
         let (mut gb, mut gc, mut gd) = (zeros(&[rows, gn])?, zeros(&[rows, gn])?, zeros(&[h])?);
         let grads = SsdGradTensors { x: &mut gx, dt: &mut gdt, a: &mut ga, b: &mut gb, c: &mut gc, d: &mut gd };
@@ -350,7 +379,7 @@ impl MambaMixer {
         let mut d_xbc_in = zeros(&[rows, ch])?;
         be.causal_conv1d_silu_backward(
             &st.xbc_in,
-            &self.conv_weight.value,
+            &f32_of(be, &self.conv_weight.value)?,
             &st.xbc_pre,
             &d_xbc,
             &mut d_xbc_in,

@@ -104,7 +104,7 @@ impl HybridModel {
         let kinds = config.layers()?;
         let layer_range = stage_segments(&config.hybrid_layer_pattern, ctx.pp_size())?[ctx.pp_rank].clone();
         let (first, last) = (ctx.is_first_stage(), ctx.is_last_stage());
-        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
+        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed).with_precision(config.precision()?);
         let (h, std) = (config.hidden_size, config.init_method_std);
         let vocab_padded = config.padded_vocab_size(tp);
         let tcfg = config.transformer_config();
@@ -223,6 +223,16 @@ impl HybridModel {
         &self.config
     }
 
+    /// dtype of the residual stream: the layer inputs/outputs, their gradients and what pipeline
+    /// stages exchange (fp32 unless the model is half without `--fp32-residual-connection`).
+    pub fn residual_dtype(&self) -> DType {
+        if self.config.fp32_residual_connection {
+            DType::F32
+        } else {
+            self.config.params_dtype
+        }
+    }
+
     pub fn padded_vocab_size(&self) -> usize {
         self.vocab_padded
     }
@@ -298,10 +308,7 @@ impl Model for HybridModel {
 
     fn zero_grad(&mut self) -> Result<()> {
         let be = self.backend.clone();
-        for p in self.params_mut() {
-            be.fill(&mut p.grad, 0.0)?;
-        }
-        Ok(())
+        megatron_transformer::step::zero_grads(be.as_ref(), self.params_mut())
     }
 
     fn flops_per_iteration(&self, samples: usize) -> f64 {
@@ -317,7 +324,8 @@ impl Model for HybridModel {
     }
 
     fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
-        self.backend.zeros(&[batch.micro_batch_size, batch.seq_length, self.config.hidden_size], DType::F32)
+        let shape = [batch.micro_batch_size, batch.seq_length, self.config.hidden_size];
+        self.backend.zeros(&shape, self.residual_dtype())
     }
 
     fn forward_stage(

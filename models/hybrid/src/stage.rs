@@ -4,16 +4,23 @@
 //! Several training microbatches may be in flight on a stage (1F1B keeps up to `pp − stage`).
 //! Each training forward moves what its backward needs out of the modules into a [`Saved`]
 //! entry keyed by the microbatch id (handle moves: the layers' [`LayerState`], the logits and
-//! the cross-entropy statistics); its backward moves them back. A backward never re-runs its
-//! forward.
+//! the cross-entropy statistics); its backward moves them back.
+//!
+//! Full recomputation (`--recompute-granularity full`, [`megatron_transformer::recompute`]):
+//! the layers of a recompute unit drop their saved tensors right after their forward, and
+//! the unit's inner residuals are dropped too; only the unit's input stays. Before the
+//! backward of a unit's last layer the unit's forward runs again from that input with the
+//! same [`StepInfo`] (same dropout masks; MoE layers told it is a recomputation), so the
+//! activations, and so the gradients, are bit-identical to keeping them.
 
 use crate::layers::LayerState;
 use crate::model::HybridModel;
 use anyhow::{bail, Context, Result};
-use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, HostBuffer, LossReport, Mode, ReduceOp, StageOutput};
+use megatron_core::{Batch, DeviceTensor, GradsReadyHook, HostBuffer, LossReport, Mode, ReduceOp, StageOutput};
 use megatron_transformer::step::{empty, SavedActivations};
 use megatron_transformer::tp_mappings::copy_to_tp_region_backward;
 use megatron_transformer::{linear_backward, BackwardScratch, StepInfo};
+use std::ops::Range;
 
 /// What the backward of one in-flight training microbatch needs.
 pub(crate) struct Saved {
@@ -47,9 +54,10 @@ impl HybridModel {
         let be = self.backend.clone();
         let be = be.as_ref();
         let shape = [step.batch, step.seq, self.config.hidden_size];
+        let (res, act) = (self.residual_dtype(), self.config.params_dtype);
         let x = match (self.embedding.as_mut(), ids, input) {
             (Some(emb), Some(ids), None) => {
-                let mut x = be.zeros(&shape, DType::F32)?;
+                let mut x = be.zeros(&shape, res)?;
                 emb.forward(ids, &mut x, step)?;
                 x
             }
@@ -59,14 +67,21 @@ impl HybridModel {
             }
             _ => bail!("a stage takes token ids on the first pipeline stage and hidden states on the others"),
         };
+        let units = self.recompute_units(step);
         let mut stream = vec![x];
-        for layer in &mut self.layers {
-            let mut y = be.zeros(&shape, DType::F32)?;
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let mut y = be.zeros(&shape, res)?;
             layer.forward(stream.last().unwrap_or_else(|| unreachable!()), &mut y, step)?;
             stream.push(y);
+            if let Some(u) = &units[i] {
+                drop(layer.take_state()?); // rebuilt by the unit's recompute
+                if i > u.start {
+                    stream[i] = empty(be)?; // an inner residual of the unit
+                }
+            }
         }
         let Some(norm) = self.final_norm.as_mut() else { return Ok((stream, None)) };
-        let mut head_in = be.zeros(&shape, DType::F32)?;
+        let mut head_in = be.zeros(&shape, act)?;
         norm.forward(stream.last().unwrap_or_else(|| unreachable!()), &mut head_in)?;
         self.logits = self.head_logits(&head_in, step.tokens())?;
         self.logits.reshape(&[step.batch, step.seq, self.vocab_padded / self.ctx.tp_size()])?;
@@ -119,7 +134,7 @@ impl HybridModel {
             (StageOutput::Loss(report), Some(labels))
         } else {
             let out = stream.last().unwrap_or_else(|| unreachable!());
-            let mut hidden = self.backend.zeros(out.shape(), DType::F32)?;
+            let mut hidden = self.backend.zeros(out.shape(), out.dtype())?;
             self.backend.copy(out, &mut hidden)?;
             (StageOutput::Hidden(hidden), None)
         };
@@ -148,7 +163,7 @@ impl HybridModel {
         grad_scale: f32,
         on_grads_ready: GradsReadyHook,
     ) -> Result<Option<DeviceTensor>> {
-        let s = self.stash.remove(&microbatch).with_context(|| {
+        let mut s = self.stash.remove(&microbatch).with_context(|| {
             format!(
                 "{} backward of microbatch {microbatch} on pipeline stage {} without its training forward",
                 self.name, self.ctx.pp_rank
@@ -172,7 +187,7 @@ impl HybridModel {
             let d_loss: Vec<f32> = s.loss_mask.iter().map(|m| m * grad_scale).collect();
             let d_loss = be.from_host(HostBuffer::F32(d_loss), &[s.step.tokens()])?;
             self.ce.backward_inplace(&mut logits, &labels, self.vocab_start(), &d_loss)?;
-            let mut d_head = be.zeros(head_in.shape(), DType::F32)?;
+            let mut d_head = be.zeros(head_in.shape(), head_in.dtype())?;
             let (w, ready_now) =
                 match (self.output_layer.as_mut(), self.shared_embedding.as_mut(), self.embedding.as_mut()) {
                     (Some(p), _, _) | (None, Some(p), _) => (p, true),
@@ -185,7 +200,7 @@ impl HybridModel {
             if ready_now {
                 on_grads_ready(&[&*w])?;
             }
-            let mut d_res = be.zeros(head_in.shape(), DType::F32)?;
+            let mut d_res = be.zeros(head_in.shape(), self.residual_dtype())?;
             let norm = self.final_norm.as_mut().context("last stage without final norm")?;
             norm.backward(&d_head, &s.stream[n], &mut d_res)?;
             on_grads_ready(&norm.params())?;
@@ -201,7 +216,12 @@ impl HybridModel {
             g
         };
         let mut scratch = BackwardScratch::new(be)?;
-        for (i, layer) in self.layers.iter_mut().enumerate().rev() {
+        let units = self.recompute_units(&s.step);
+        for i in (0..n).rev() {
+            if let Some(u) = units[i].clone().filter(|u| i + 1 == u.end) {
+                self.recompute_unit(u, &mut s.stream, &s.step)?;
+            }
+            let layer = &mut self.layers[i];
             layer.backward(
                 &s.stream[i],
                 &mut d_res,
@@ -211,6 +231,13 @@ impl HybridModel {
                 &s.step,
             )?;
             on_grads_ready(&layer.params())?;
+            if let Some(u) = &units[i] {
+                // Done with the recomputed tensors: at most one unit's worth is held.
+                drop(layer.take_state()?);
+                if i > u.start {
+                    s.stream[i] = empty(be)?;
+                }
+            }
         }
         match (self.embedding.as_mut(), s.ids) {
             (Some(emb), Some(ids)) => {
@@ -221,6 +248,32 @@ impl HybridModel {
             (None, None) => Ok(Some(d_res)),
             _ => bail!("stage {}: token ids saved on a stage without embedding (or missing)", self.ctx.pp_rank),
         }
+    }
+
+    /// For each layer of this stage, its recompute unit in a training step (all `None` otherwise).
+    fn recompute_units(&self, step: &StepInfo) -> Vec<Option<Range<usize>>> {
+        match self.config.recompute.filter(|_| step.train) {
+            Some(r) => r.unit_of_layers(self.layers.len()),
+            None => vec![None; self.layers.len()],
+        }
+    }
+
+    /// Re-runs the forward of the layers of `unit` from its kept input `stream[unit.start]`,
+    /// refilling their saved tensors and the unit's inner residuals for their backward.
+    fn recompute_unit(&mut self, unit: Range<usize>, stream: &mut [DeviceTensor], step: &StepInfo) -> Result<()> {
+        let be = self.backend.clone();
+        for j in unit.clone() {
+            let mut y = be.zeros(stream[j].shape(), stream[j].dtype())?;
+            let layer = &mut self.layers[j];
+            layer.set_recomputing(true)?;
+            let run = layer.forward(&stream[j], &mut y, step);
+            layer.set_recomputing(false)?;
+            run?;
+            if j + 1 < unit.end {
+                stream[j + 1] = y;
+            }
+        }
+        Ok(())
     }
 
     /// SPEC §5.10 step 3: with tied embeddings and pp > 1, the first stage's word embedding and

@@ -5,9 +5,9 @@
 //! `linear_q` `[np·hn, h]` and `linear_kv` `[np·2·hn, h]` (per head k, v) for
 //! cross-attention, a row-parallel `linear_proj` `[h, np·hn]`. Heads are split over TP.
 
-use crate::host::{merge_qkv, split_qkv};
+use crate::host::{as_dtype, merge_qkv, split_qkv};
 use anyhow::Result;
-use megatron_core::{Backend, CrossAttentionSpec, DeviceTensor, HostBuffer, Param};
+use megatron_core::{Backend, CrossAttentionSpec, DType, DeviceTensor, HostBuffer, Param};
 use megatron_transformer::step::{empty, ensure_shape};
 use megatron_transformer::{
     ColumnParallelLinear, DropoutSite, LinearConfig, LinearLayer, ModuleBuilder, RowParallelLinear, StepInfo,
@@ -60,10 +60,15 @@ pub struct T5Attention {
     /// Dropout-seed id of this module.
     id: usize,
     tp_rank: usize,
-    q: DeviceTensor,   // (B*Tq, heads*hd): (B, Tq, heads, hd)
-    kv: DeviceTensor,  // (B*Tk, heads*2*hd): (B, Tk, heads, 2, hd)
-    ctx: DeviceTensor, // (B, Tq, heads*hd): attention output, input of linear_proj
-    lse: DeviceTensor, // (B, heads, Tq)
+    /// Activation dtype (the model's parameter dtype). The attention core (`q`, `kv`, `ctx`,
+    /// `lse`) runs in fp32 on the half-rounded projections (the CPU cross-attention op is fp32
+    /// only; scores and softmax are fp32 in any case).
+    dtype: DType,
+    q: DeviceTensor,        // (B*Tq, heads*hd): (B, Tq, heads, hd)
+    kv: DeviceTensor,       // (B*Tk, heads*2*hd): (B, Tk, heads, 2, hd)
+    ctx: DeviceTensor,      // (B, Tq, heads*hd): attention output, input of linear_proj
+    lse: DeviceTensor,      // (B, heads, Tq)
+    ctx_half: DeviceTensor, // (B, Tq, heads*hd) in `dtype`: linear_proj's input in a half model
     spec: Option<CrossAttentionSpec>,
 }
 
@@ -112,6 +117,8 @@ impl T5Attention {
             dropout: d.dropout,
             id,
             tp_rank: b.tp_rank(),
+            dtype: b.precision.params,
+            ctx_half: empty(be.as_ref())?,
             q: empty(be.as_ref())?,
             kv: empty(be.as_ref())?,
             ctx: empty(be.as_ref())?,
@@ -134,17 +141,26 @@ impl T5Attention {
         let (h, hd) = (self.heads, self.hd);
         match &mut self.proj {
             Proj::Qkv(qkv) => {
-                let mut fused = be.zeros(&[a.batch * a.q_len, h * 3 * hd], megatron_core::DType::F32)?;
+                let mut fused = be.zeros(&[a.batch * a.q_len, h * 3 * hd], self.dtype)?;
                 qkv.forward(x, &mut fused)?;
                 (self.q, self.kv) = split_qkv(be, &fused, a.batch * a.q_len, h, hd)?;
             }
             Proj::QKv(pair) => {
                 let (lq, lkv) = &mut **pair;
                 let memory = memory.ok_or_else(|| anyhow::anyhow!("t5 cross-attention needs the encoder output"))?;
-                ensure_shape(be, &mut self.q, &[a.batch * a.q_len, h * hd])?;
-                ensure_shape(be, &mut self.kv, &[a.batch * a.kv_len, h * 2 * hd])?;
-                lq.forward(x, &mut self.q)?;
-                lkv.forward(memory, &mut self.kv)?;
+                if self.dtype == DType::F32 {
+                    ensure_shape(be, &mut self.q, &[a.batch * a.q_len, h * hd])?;
+                    ensure_shape(be, &mut self.kv, &[a.batch * a.kv_len, h * 2 * hd])?;
+                    lq.forward(x, &mut self.q)?;
+                    lkv.forward(memory, &mut self.kv)?;
+                } else {
+                    // Projections rounded to the half dtype, widened for the fp32 core.
+                    let mut q = be.zeros(&[a.batch * a.q_len, h * hd], self.dtype)?;
+                    let mut kv = be.zeros(&[a.batch * a.kv_len, h * 2 * hd], self.dtype)?;
+                    lq.forward(x, &mut q)?;
+                    lkv.forward(memory, &mut kv)?;
+                    (self.q, self.kv) = (as_dtype(be, q, DType::F32)?, as_dtype(be, kv, DType::F32)?);
+                }
             }
         }
         let spec = CrossAttentionSpec {
@@ -171,7 +187,12 @@ impl T5Attention {
             spec,
         )?;
         self.spec = Some(spec);
-        self.linear_proj.forward(&self.ctx, out)
+        if self.dtype == DType::F32 {
+            return self.linear_proj.forward(&self.ctx, out);
+        }
+        self.ctx_half = be.zeros(self.ctx.shape(), self.dtype)?;
+        be.cast(&self.ctx, &mut self.ctx_half)?;
+        self.linear_proj.forward(&self.ctx_half, out)
     }
 
     /// Overwrites `d_x`; adds the memory gradient into `d_memory` (cross-attention) and the
@@ -189,8 +210,10 @@ impl T5Attention {
     ) -> Result<()> {
         let be = self.backend.as_ref();
         let spec = self.spec.ok_or_else(|| anyhow::anyhow!("t5 attention backward without a training forward"))?;
-        let mut d_ctx = be.zeros(self.ctx.shape(), megatron_core::DType::F32)?;
-        self.linear_proj.backward(&self.ctx, d_out, Some(&mut d_ctx))?;
+        let half = self.dtype != DType::F32;
+        let mut d_ctx = be.zeros(self.ctx.shape(), self.dtype)?;
+        self.linear_proj.backward(if half { &self.ctx_half } else { &self.ctx }, d_out, Some(&mut d_ctx))?;
+        let d_ctx = as_dtype(be, d_ctx, DType::F32)?;
         let mut dq = be.zeros(self.q.shape(), megatron_core::DType::F32)?;
         let mut dkv = be.zeros(self.kv.shape(), megatron_core::DType::F32)?;
         be.cross_attention_backward(
@@ -202,15 +225,16 @@ impl T5Attention {
                 let mut d_fused =
                     be.zeros(&[a.batch * a.q_len, self.heads * 3 * self.hd], megatron_core::DType::F32)?;
                 merge_qkv(be, &dq, &dkv, self.hd, &mut d_fused)?;
+                let d_fused = as_dtype(be, d_fused, self.dtype)?;
                 qkv.backward(x, &d_fused, Some(d_x))
             }
             Proj::QKv(pair) => {
                 let (lq, lkv) = &mut **pair;
-                lq.backward(x, &dq, Some(d_x))?;
+                lq.backward(x, &as_dtype(be, dq, self.dtype)?, Some(d_x))?;
                 let memory =
                     memory.ok_or_else(|| anyhow::anyhow!("t5 cross-attention backward needs the encoder output"))?;
-                let mut d_mem = be.zeros(memory.shape(), megatron_core::DType::F32)?;
-                lkv.backward(memory, &dkv, Some(&mut d_mem))?;
+                let mut d_mem = be.zeros(memory.shape(), self.dtype)?;
+                lkv.backward(memory, &as_dtype(be, dkv, self.dtype)?, Some(&mut d_mem))?;
                 match d_memory {
                     Some(acc) => be.axpy(acc, 1.0, &d_mem),
                     None => Ok(()),
@@ -307,6 +331,15 @@ impl T5Attention {
         let mut lse = be.zeros(&[spec.lse_numel()], megatron_core::DType::F32)?;
         be.cross_attention_forward(q, kv, None, kv_valid, bias, &mut ctx, &mut lse, spec)?;
         self.linear_proj.forward(&ctx, out)
+    }
+
+    /// Frees what backward needs (full recomputation re-runs [`Self::forward`]).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let be = self.backend.as_ref();
+        (self.q, self.kv, self.ctx, self.lse, self.ctx_half) =
+            (empty(be)?, empty(be)?, empty(be)?, empty(be)?, empty(be)?);
+        self.spec = None;
+        Ok(())
     }
 
     pub fn params(&self) -> Vec<&Param> {

@@ -2,7 +2,8 @@
 //! SPEC §4.9), its validation and vocabulary padding (SPEC §3.2).
 
 use anyhow::{bail, Result};
-use megatron_transformer::NormKind;
+use megatron_core::DType;
+use megatron_transformer::{NormKind, Precision};
 use serde::{Deserialize, Serialize};
 
 fn default_divisible_by() -> usize {
@@ -119,6 +120,23 @@ pub struct T5Config {
     /// embedding (Hugging Face T5 v1.1: `tie_word_embeddings: false`).
     #[serde(default)]
     pub untie_embeddings_and_output_weights: bool,
+    /// dtype of parameters and activations: `f32`, `bf16` (`--bf16`) or `f16` (`--fp16`); the
+    /// fp32 main parameters live in the optimizer, the attention core, relative bias and the
+    /// logits/cross-entropy stay fp32 (SPEC §6.7, docs/mixed_precision.md).
+    #[serde(default = "default_dtype", skip_serializing_if = "is_f32")]
+    pub params_dtype: DType,
+    /// `--recompute-granularity full` (SPEC §6.9): units over each stack's layers (encoder and
+    /// decoder separately, as [`megatron_transformer::FullRecompute`] over a stage); `None`
+    /// keeps every activation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<megatron_transformer::FullRecompute>,
+}
+
+fn default_dtype() -> DType {
+    DType::F32
+}
+fn is_f32(d: &DType) -> bool {
+    *d == DType::F32
 }
 
 impl T5Config {
@@ -152,7 +170,14 @@ impl T5Config {
             softmax_scale: None,
             output_scale: None,
             untie_embeddings_and_output_weights: false,
+            params_dtype: DType::F32,
+            recompute: None,
         }
+    }
+
+    /// The dtypes the modules are built with (residual stream in `params_dtype`).
+    pub fn precision(&self) -> Result<Precision> {
+        Precision::new(self.params_dtype, false)
     }
 
     pub fn head_dim(&self) -> usize {

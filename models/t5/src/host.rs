@@ -102,3 +102,14 @@ pub fn geglu_backward(be: &dyn Backend, x: &DeviceTensor, d_out: &DeviceTensor, 
     *d_x = be.from_host(HostBuffer::F32(v), &shape)?;
     Ok(())
 }
+
+/// `t` as `dtype`: itself when it already is, else a converted copy (the host helpers and the
+/// fp32 attention core produce fp32; a half model's activations are rounded once here).
+pub fn as_dtype(be: &dyn Backend, t: DeviceTensor, dtype: megatron_core::DType) -> Result<DeviceTensor> {
+    if t.dtype() == dtype {
+        return Ok(t);
+    }
+    let mut out = be.zeros(t.shape(), dtype)?;
+    be.cast(&t, &mut out)?;
+    Ok(out)
+}

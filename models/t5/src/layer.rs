@@ -32,6 +32,9 @@ pub struct T5Layer {
     hidden_dropout: f32,
     /// Dropout-seed id of this layer.
     id: usize,
+    /// Activation dtype of training (the residual stream too); incremental decoding runs
+    /// its activations in fp32 over the same parameters.
+    dtype: DType,
     // Saved for backward, all (N, C):
     x: Option<DeviceTensor>,
     ln1: Option<DeviceTensor>,
@@ -52,6 +55,7 @@ impl T5Layer {
         mlp: T5Mlp,
         hidden_dropout: f32,
         id: usize,
+        dtype: DType,
     ) -> T5Layer {
         T5Layer {
             backend,
@@ -62,6 +66,7 @@ impl T5Layer {
             mlp,
             hidden_dropout,
             id,
+            dtype,
             x: None,
             ln1: None,
             h1: None,
@@ -90,7 +95,8 @@ impl T5Layer {
     ) -> Result<DeviceTensor> {
         let be = self.backend.clone();
         let be = be.as_ref();
-        let z = |t: &DeviceTensor| be.zeros(t.shape(), DType::F32);
+        let dtype = self.dtype;
+        let z = |t: &DeviceTensor| be.zeros(t.shape(), dtype);
         let mut ln1 = z(&x)?;
         self.input_layernorm.forward(&x, &mut ln1)?;
         let mut a = z(&x)?;
@@ -150,7 +156,8 @@ impl T5Layer {
             self.ln2.take().ok_or_else(missing)?,
         );
         let (lnx, h2) = (self.lnx.take(), self.h2.take());
-        let z = |t: &DeviceTensor| be.zeros(t.shape(), DType::F32);
+        let dtype = self.dtype;
+        let z = |t: &DeviceTensor| be.zeros(t.shape(), dtype);
         // y = mid + drop(mlp(norm2(mid)))
         let mut d_m = z(&d_y)?;
         be.copy(&d_y, &mut d_m)?;
@@ -234,6 +241,17 @@ impl T5Layer {
         let mut y = z(x)?;
         be.add(&h2, &m, &mut y)?;
         Ok(y)
+    }
+
+    /// Frees every tensor kept for backward (full recomputation: the unit's forward is re-run
+    /// from its input before the backward).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        (self.x, self.ln1, self.h1, self.lnx, self.h2, self.ln2) = (None, None, None, None, None, None);
+        self.self_attention.drop_saved()?;
+        if let Some((_, c)) = &mut self.cross {
+            c.drop_saved()?;
+        }
+        self.mlp.drop_saved()
     }
 
     pub fn params(&self) -> Vec<&Param> {

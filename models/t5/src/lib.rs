@@ -19,6 +19,7 @@ pub mod host;
 pub mod layer;
 pub mod mlp;
 pub mod model;
+pub mod recompute;
 pub mod relative;
 
 pub use batch::{pack_sample, T5Batch};

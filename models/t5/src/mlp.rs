@@ -3,10 +3,10 @@
 //! gated GeLU on the host, see `host.rs`), row-parallel `linear_fc2`.
 
 use crate::config::T5Activation;
-use crate::host::{geglu_backward, geglu_forward, relu_backward, relu_forward};
+use crate::host::{as_dtype, geglu_backward, geglu_forward, relu_backward, relu_forward};
 use anyhow::Result;
 use megatron_core::{Backend, DType, DeviceTensor, Param};
-use megatron_transformer::step::{empty, ensure_shape};
+use megatron_transformer::step::{empty, ensure_buffer};
 use megatron_transformer::{ColumnParallelLinear, LinearConfig, LinearLayer, ModuleBuilder, RowParallelLinear};
 use std::sync::Arc;
 
@@ -17,6 +17,8 @@ pub struct T5Mlp {
     act: T5Activation,
     /// `F/tp`.
     ffn_local: usize,
+    /// Activation dtype (the model's parameter dtype).
+    dtype: DType,
     fc1_out: DeviceTensor, // (N, F/tp), (N, 2F/tp) gated
     act_out: DeviceTensor, // (N, F/tp)
 }
@@ -43,6 +45,7 @@ impl T5Mlp {
             linear_fc2: RowParallelLinear::new(b, &format!("{prefix}.linear_fc2"), fc2)?,
             act,
             ffn_local: ffn / b.tp_size(),
+            dtype: b.precision.params,
             fc1_out: empty(backend.as_ref())?,
             act_out: empty(backend.as_ref())?,
             backend,
@@ -53,29 +56,39 @@ impl T5Mlp {
     pub fn forward(&mut self, x: &DeviceTensor, rows: usize, out: &mut DeviceTensor) -> Result<()> {
         let be = self.backend.as_ref();
         let gates = if self.act == T5Activation::GatedGelu { 2 } else { 1 };
-        ensure_shape(be, &mut self.fc1_out, &[rows, gates * self.ffn_local])?;
-        ensure_shape(be, &mut self.act_out, &[rows, self.ffn_local])?;
+        ensure_buffer(be, &mut self.fc1_out, &[rows, gates * self.ffn_local], self.dtype)?;
+        ensure_buffer(be, &mut self.act_out, &[rows, self.ffn_local], self.dtype)?;
         self.linear_fc1.forward(x, &mut self.fc1_out)?;
         match self.act {
             T5Activation::Gelu => be.gelu_forward(&self.fc1_out, &mut self.act_out)?,
             T5Activation::Relu => relu_forward(be, &self.fc1_out, &mut self.act_out)?,
             T5Activation::GatedGelu => geglu_forward(be, &self.fc1_out, &mut self.act_out)?,
         }
+        // The host activations return fp32: round once to the activation dtype.
+        self.act_out = as_dtype(be, std::mem::replace(&mut self.act_out, empty(be)?), self.dtype)?;
         self.linear_fc2.forward(&self.act_out, out)
     }
 
     /// Overwrites `d_x (N, C)`; accumulates parameter gradients.
     pub fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: &mut DeviceTensor) -> Result<()> {
         let be = self.backend.as_ref();
-        let mut d_act = be.zeros(self.act_out.shape(), DType::F32)?;
-        let mut d_fc1 = be.zeros(self.fc1_out.shape(), DType::F32)?;
+        let mut d_act = be.zeros(self.act_out.shape(), self.dtype)?;
+        let mut d_fc1 = be.zeros(self.fc1_out.shape(), self.dtype)?;
         self.linear_fc2.backward(&self.act_out, d_out, Some(&mut d_act))?;
         match self.act {
             T5Activation::Gelu => be.gelu_backward(&self.fc1_out, &d_act, &mut d_fc1)?,
             T5Activation::Relu => relu_backward(be, &self.fc1_out, &d_act, &mut d_fc1)?,
             T5Activation::GatedGelu => geglu_backward(be, &self.fc1_out, &d_act, &mut d_fc1)?,
         }
+        let d_fc1 = as_dtype(be, d_fc1, self.dtype)?;
         self.linear_fc1.backward(x, &d_fc1, Some(d_x))
+    }
+
+    /// Frees what backward needs (full recomputation re-runs [`Self::forward`]).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let be = self.backend.as_ref();
+        (self.fc1_out, self.act_out) = (empty(be)?, empty(be)?);
+        Ok(())
     }
 
     pub fn params(&self) -> Vec<&Param> {

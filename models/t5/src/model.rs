@@ -15,6 +15,7 @@ use crate::config::T5Config;
 use crate::host::lengths;
 use crate::layer::{norm, T5Layer};
 use crate::mlp::T5Mlp;
+use crate::recompute::{backward_stack, forward_stack, StackInputs};
 use crate::relative::RelativeBias;
 use anyhow::{bail, Result};
 use megatron_core::{Backend, Batch, DType, DeviceTensor, HostBuffer, LossReport, Mode, Model, ParallelContext, Param};
@@ -43,6 +44,9 @@ struct Saved {
     targets: DeviceTensor,          // (B*S_dec) int32
     enc_step: StepInfo,
     dec_step: StepInfo,
+    /// Full recomputation: the input of every encoder / decoder unit, `(B*S, C)` each.
+    enc_units: Vec<DeviceTensor>,
+    dec_units: Vec<DeviceTensor>,
 }
 
 pub struct T5Model {
@@ -74,7 +78,7 @@ impl T5Model {
         }
         let tp = ctx.tp_size();
         config.validate(tp)?;
-        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
+        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed).with_precision(config.precision()?);
         let (h, std) = (config.hidden_size, config.init_method_std);
         let vocab = config.padded_vocab_size(tp)?;
         let embedding = if config.relative() {
@@ -148,6 +152,7 @@ impl T5Model {
                 )?,
                 config.hidden_dropout,
                 id,
+                config.params_dtype,
             ))
         };
         let encoder = (0..config.encoder_num_layers).map(|i| layer("encoder", i, false)).collect::<Result<Vec<_>>>()?;
@@ -209,10 +214,11 @@ impl T5Model {
         enc_len: &DeviceTensor,
         enc_bias: Option<&DeviceTensor>,
         step: &StepInfo,
+        units: &mut Vec<DeviceTensor>,
     ) -> Result<(DeviceTensor, DeviceTensor)> {
         let be = self.backend.clone();
         let (b, se, h) = (step.batch, step.seq, self.config.hidden_size);
-        let mut x = be.zeros(&[b * se, h], DType::F32)?;
+        let mut x = be.zeros(&[b * se, h], self.config.params_dtype)?;
         self.embedding.forward(enc_ids, &mut x, step)?;
         let enc_in = AttnInputs {
             batch: b,
@@ -222,10 +228,9 @@ impl T5Model {
             kv_valid: Some(enc_len),
             bias: enc_bias,
         };
-        for layer in &mut self.encoder {
-            x = layer.forward(x, None, enc_in, None, step)?;
-        }
-        let mut enc_out = be.zeros(&[b * se, h], DType::F32)?;
+        let a = StackInputs { memory: None, self_in: enc_in, cross_in: None };
+        x = forward_stack(be.as_ref(), &mut self.encoder, self.config.recompute, x, a, step, units)?;
+        let mut enc_out = be.zeros(&[b * se, h], self.config.params_dtype)?;
         self.encoder_final_layernorm.forward(&x, &mut enc_out)?;
         Ok((x, enc_out))
     }
@@ -242,7 +247,7 @@ impl T5Model {
         let ids = self.ids(enc_tokens)?;
         let len = lengths(self.backend.as_ref(), &[se])?;
         let bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
-        Ok(self.encoder_pass(&ids, &len, bias.as_ref(), &step)?.1)
+        Ok(self.encoder_pass(&ids, &len, bias.as_ref(), &step, &mut Vec::new())?.1)
     }
 
     /// Runs encoder and decoder; returns the saved state (with the logits).
@@ -250,15 +255,18 @@ impl T5Model {
         let be = self.backend.clone();
         let be = be.as_ref();
         let (b, se, sd, h) = (t.batch, t.enc_seq, t.dec_seq, self.config.hidden_size);
+        let act = self.config.params_dtype;
         let enc_step = StepInfo { batch: b, seq: se, train, seed };
         let dec_step = StepInfo { batch: b, seq: sd, train, seed: mix64(seed ^ 0x7435_6465_636f_6465) };
         let (enc_ids, dec_ids) = (self.ids(&t.enc_tokens)?, self.ids(&t.dec_tokens)?);
         let (enc_len, dec_len) = (lengths(be, &t.enc_len)?, lengths(be, &t.dec_len)?);
         let enc_bias = self.encoder_relative.as_ref().map(|r| r.forward(se, se)).transpose()?;
         let dec_bias = self.decoder_relative.as_ref().map(|r| r.forward(sd, sd)).transpose()?;
-        let (enc_pre_final, enc_out) = self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step)?;
+        let mut enc_units = Vec::new();
+        let (enc_pre_final, enc_out) =
+            self.encoder_pass(&enc_ids, &enc_len, enc_bias.as_ref(), &enc_step, &mut enc_units)?;
         // Decoder.
-        let mut y = be.zeros(&[b * sd, h], DType::F32)?;
+        let mut y = be.zeros(&[b * sd, h], act)?;
         self.embedding.forward(&dec_ids, &mut y, &dec_step)?;
         let dec_in = AttnInputs {
             batch: b,
@@ -276,10 +284,10 @@ impl T5Model {
             kv_valid: Some(&enc_len),
             bias: None,
         };
-        for layer in &mut self.decoder {
-            y = layer.forward(y, Some(&enc_out), dec_in, Some(cross_in), &dec_step)?;
-        }
-        let mut head_in = be.zeros(&[b * sd, h], DType::F32)?;
+        let a = StackInputs { memory: Some(&enc_out), self_in: dec_in, cross_in: Some(cross_in) };
+        let mut dec_units = Vec::new();
+        y = forward_stack(be, &mut self.decoder, self.config.recompute, y, a, &dec_step, &mut dec_units)?;
+        let mut head_in = be.zeros(&[b * sd, h], act)?;
         self.decoder_final_layernorm.forward(&y, &mut head_in)?;
         if let Some(s) = self.config.output_scale {
             be.scale(&mut head_in, s)?;
@@ -306,6 +314,8 @@ impl T5Model {
             targets,
             enc_step,
             dec_step,
+            enc_units,
+            dec_units,
         })
     }
 }
@@ -335,11 +345,12 @@ impl Model for T5Model {
         let be = self.backend.clone();
         let be = be.as_ref();
         let (b, se, sd) = (s.t.batch, s.t.enc_seq, s.t.dec_seq);
+        let act = self.config.params_dtype;
         let d_loss: Vec<f32> = s.t.loss_mask.iter().map(|&m| m * grad_scale).collect();
         let d_loss = be.from_host(HostBuffer::F32(d_loss), &[b * sd])?;
         let vocab_start = self.embedding.word_embeddings.vocab_range().0;
         self.ce.backward_inplace(&mut s.logits, &s.targets, vocab_start, &d_loss)?;
-        let mut d_head = be.zeros(s.head_in.shape(), DType::F32)?;
+        let mut d_head = be.zeros(s.head_in.shape(), act)?;
         {
             let w = match self.output_layer.as_mut() {
                 Some(p) => p,
@@ -352,10 +363,10 @@ impl Model for T5Model {
         if let Some(sc) = self.config.output_scale {
             be.scale(&mut d_head, sc)?;
         }
-        let mut d_y = be.zeros(d_head.shape(), DType::F32)?;
+        let mut d_y = be.zeros(d_head.shape(), act)?;
         self.decoder_final_layernorm.backward(&d_head, &s.dec_pre_final, &mut d_y)?;
         // Decoder stack, then its embedding.
-        let mut d_memory = be.zeros(s.enc_out.shape(), DType::F32)?;
+        let mut d_memory = be.zeros(s.enc_out.shape(), act)?;
         let mut d_dec_bias = s.dec_bias.as_ref().map(|t| be.zeros(t.shape(), DType::F32)).transpose()?;
         let dec_in = AttnInputs {
             batch: b,
@@ -373,23 +384,24 @@ impl Model for T5Model {
             kv_valid: Some(&s.enc_len),
             bias: None,
         };
-        for layer in self.decoder.iter_mut().rev() {
-            d_y = layer.backward(
-                d_y,
-                Some(&s.enc_out),
-                dec_in,
-                Some(cross_in),
-                Some(&mut d_memory),
-                d_dec_bias.as_mut(),
-                &s.dec_step,
-            )?;
-        }
+        let a = StackInputs { memory: Some(&s.enc_out), self_in: dec_in, cross_in: Some(cross_in) };
+        d_y = backward_stack(
+            be,
+            &mut self.decoder,
+            self.config.recompute,
+            d_y,
+            a,
+            Some(&mut d_memory),
+            d_dec_bias.as_mut(),
+            &s.dec_step,
+            &s.dec_units,
+        )?;
         if let (Some(r), Some(d)) = (self.decoder_relative.as_mut(), d_dec_bias.as_ref()) {
             r.backward(d, sd, sd)?;
         }
         self.embedding.backward(&s.dec_ids, &d_y, &s.dec_step)?;
         // Encoder stack, then its embedding.
-        let mut d_x = be.zeros(d_memory.shape(), DType::F32)?;
+        let mut d_x = be.zeros(d_memory.shape(), act)?;
         self.encoder_final_layernorm.backward(&d_memory, &s.enc_pre_final, &mut d_x)?;
         let mut d_enc_bias = s.enc_bias.as_ref().map(|t| be.zeros(t.shape(), DType::F32)).transpose()?;
         let enc_in = AttnInputs {
@@ -400,9 +412,9 @@ impl Model for T5Model {
             kv_valid: Some(&s.enc_len),
             bias: s.enc_bias.as_ref(),
         };
-        for layer in self.encoder.iter_mut().rev() {
-            d_x = layer.backward(d_x, None, enc_in, None, None, d_enc_bias.as_mut(), &s.enc_step)?;
-        }
+        let a = StackInputs { memory: None, self_in: enc_in, cross_in: None };
+        let rc = self.config.recompute;
+        d_x = backward_stack(be, &mut self.encoder, rc, d_x, a, None, d_enc_bias.as_mut(), &s.enc_step, &s.enc_units)?;
         if let (Some(r), Some(d)) = (self.encoder_relative.as_mut(), d_enc_bias.as_ref()) {
             r.backward(d, se, se)?;
         }
@@ -454,10 +466,7 @@ impl Model for T5Model {
 
     fn zero_grad(&mut self) -> Result<()> {
         let be = self.backend.clone();
-        for p in self.params_mut() {
-            be.fill(&mut p.grad, 0.0)?;
-        }
-        Ok(())
+        megatron_transformer::step::zero_grads(be.as_ref(), self.params_mut())
     }
 
     /// `6·params·tokens`-style count (SPEC §6.13 adapted): per sample, the matmuls of every

@@ -345,8 +345,16 @@ impl TransformerBlock {
     /// Re-runs the forward of the layers of `unit` from its kept input, so their activations
     /// (and the unit's inner residuals) are in place for their backward. The same `step` gives
     /// the same dropout masks: the activations are bit-identical to the first forward's.
+    /// An MLP-slot plugin (MoE) is told the forward is a recomputation, so it counts its routing
+    /// statistics, metrics and expert-bias token counts once (in the first forward).
     fn recompute_unit(&mut self, unit: Range<usize>, step: &StepInfo) -> Result<()> {
-        unit.into_iter().try_for_each(|l| self.run_layer(l, step, true))
+        for l in unit {
+            self.layers[l].mlp.set_recomputing(true)?;
+            let run = self.run_layer(l, step, true);
+            self.layers[l].mlp.set_recomputing(false)?;
+            run?;
+        }
+        Ok(())
     }
 
     /// Everything the last forward saved for backward: the residual stream `(L+1)·(B, T, C)`,

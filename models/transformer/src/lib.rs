@@ -19,6 +19,7 @@ pub mod init;
 pub mod layer;
 pub mod linear;
 pub mod mlp;
+pub mod mlp_half;
 pub mod mlp_slot;
 pub mod norm;
 pub mod precision;

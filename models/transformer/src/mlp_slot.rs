@@ -106,6 +106,15 @@ impl MlpSlot {
         }
     }
 
+    /// Marks the following training forwards as recomputations (see
+    /// [`MlpModule::set_recomputing`]); the dense MLP's forward has no side effects to skip.
+    pub fn set_recomputing(&mut self, recomputing: bool) -> Result<()> {
+        match self {
+            MlpSlot::Dense(_) => Ok(()),
+            MlpSlot::Plugin(m) => m.set_recomputing(recomputing),
+        }
+    }
+
     /// The dense MLP, if that is what fills the slot.
     pub fn dense(&self) -> Option<&Mlp> {
         match self {
@@ -167,6 +176,13 @@ impl SpecProvider for WithMlpProvider<'_> {
             seed: b.seed,
             sequence_parallel: b.sequence_parallel && b.tp_size() > 1,
         };
-        self.mlp.build(&env)
+        let module = self.mlp.build(&env)?;
+        // Plugins compute in fp32: a half model wraps them in the widening boundary.
+        Ok(match module {
+            Some(m) if b.dtype() != megatron_core::DType::F32 => {
+                Some(Box::new(crate::mlp_half::Fp32Boundary::new(b.backend.clone(), m)) as Box<dyn MlpModule>)
+            }
+            other => other,
+        })
     }
 }

@@ -101,6 +101,12 @@ pub fn copy_any(backend: &dyn Backend, src: &DeviceTensor, dst: &mut DeviceTenso
     }
 }
 
+/// Sets the gradient of every parameter in `params` to zero: the `Model::zero_grad` of every
+/// model built from these blocks (one implementation for all of them).
+pub fn zero_grads(backend: &dyn Backend, params: Vec<&mut megatron_core::Param>) -> Result<()> {
+    params.into_iter().try_for_each(|p| backend.fill(&mut p.grad, 0.0))
+}
+
 /// An empty placeholder until the first forward fixes the shape.
 pub fn empty(backend: &dyn Backend) -> Result<DeviceTensor> {
     backend.zeros(&[0], DType::F32)

@@ -72,6 +72,10 @@ pub struct MoeLayer {
     /// `global_aux_loss`: DP-reduced counts accumulated over this step's microbatches.
     global_counts: Vec<f64>,
     global_microbatches: usize,
+    /// A full-recomputation forward ([`MlpModule::set_recomputing`]): counts nothing again.
+    recomputing: bool,
+    /// `global_aux_loss` averages the first forwards used, by microbatch seed (cleared per step).
+    global_used: BTreeMap<u64, Vec<f64>>,
     /// Metric name → (sum, count) since the last `take_metrics`.
     metrics: BTreeMap<String, (f64, f64)>,
     /// The last training forward's (aux loss, z-loss) values (tests).
@@ -163,6 +167,8 @@ impl MoeLayer {
             step_counts: vec![0.0; e],
             global_counts: vec![0.0; e],
             global_microbatches: 0,
+            recomputing: false,
+            global_used: BTreeMap::new(),
             metrics: BTreeMap::new(),
             last_losses: (0.0, 0.0),
             saved,
@@ -468,6 +474,12 @@ impl MlpModule for MoeLayer {
         self.step_counts = vec![0.0; self.cfg.num_experts];
         self.global_counts = vec![0.0; self.cfg.num_experts];
         self.global_microbatches = 0;
+        self.global_used.clear();
+        Ok(())
+    }
+
+    fn set_recomputing(&mut self, recomputing: bool) -> Result<()> {
+        self.recomputing = recomputing;
         Ok(())
     }
 

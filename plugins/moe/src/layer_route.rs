@@ -80,12 +80,27 @@ impl MoeLayer {
                     router::switch_aux_loss(self.score, &lv, e, k, ch, &per_seq, t, coeff, g_aux, &mut aux_d)
                 }
                 "global_aux_loss" if coeff > 0.0 => {
-                    let mut global = self.sum_over_token_group(counts.clone())?;
-                    self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut global, ReduceOp::Sum)?;
-                    self.global_counts.iter_mut().zip(&global).for_each(|(a, b)| *a += b);
-                    self.global_microbatches += 1;
-                    let avg: Vec<f64> =
-                        self.global_counts.iter().map(|v| v / self.global_microbatches as f64).collect();
+                    let avg = if self.recomputing {
+                        // The average the first forward of this microbatch used (the DP
+                        // all-reduce is skipped on every rank alike: all recompute here).
+                        self.global_used.remove(&step.seed).ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "MoE layer {}: recomputed forward of a microbatch (seed {}) whose first \
+                                 training forward was not run in this step",
+                                self.layer,
+                                step.seed
+                            )
+                        })?
+                    } else {
+                        let mut global = self.sum_over_token_group(counts.clone())?;
+                        self.ctx.comm.all_reduce_f64(&self.ctx.dp_group, &mut global, ReduceOp::Sum)?;
+                        self.global_counts.iter_mut().zip(&global).for_each(|(a, b)| *a += b);
+                        self.global_microbatches += 1;
+                        let avg: Vec<f64> =
+                            self.global_counts.iter().map(|v| v / self.global_microbatches as f64).collect();
+                        self.global_used.insert(step.seed, avg.clone());
+                        avg
+                    };
                     let t = (n * self.ctx.dp_size() * cp * sp) as f64;
                     let ch = router::Chunks::local(n, n);
                     router::switch_aux_loss(self.score, &lv, e, k, ch, &avg, t, coeff, g_aux, &mut aux_d)
@@ -96,6 +111,10 @@ impl MoeLayer {
                 Some(cz) if cz > 0.0 => router::z_loss(&lv, e, cz / sp as f32, g, &mut aux_d),
                 _ => 0.0,
             };
+            if self.recomputing {
+                // Everything below is counting: done once, by the first forward.
+                return self.save_routing(logits, idx, gate, kept, aux_d);
+            }
             // Logged: the whole losses (the shares added up; the CP ranks' z means averaged).
             let (aux, z) = if cp * sp > 1 {
                 let v = self.sum_over_token_group(vec![aux, z])?;
@@ -132,6 +151,21 @@ impl MoeLayer {
                 self.record(format!("dropped_token_fraction/layer{l}"), dropped as f64 / (n * k) as f64);
             }
         }
+        self.save_routing(logits, idx, gate, kept, aux_d)
+    }
+
+    /// Keeps the routing for backward (`(N, E)` logits and aux gradient, `(N, k)` ids, gates and
+    /// kept mask) and returns `(idx, gate, kept)`.
+    fn save_routing(
+        &mut self,
+        logits: DeviceTensor,
+        idx: Vec<i32>,
+        gate: Vec<f32>,
+        kept: Vec<f32>,
+        aux_d: Vec<f32>,
+    ) -> Result<(Vec<i32>, Vec<f32>, Vec<f32>)> {
+        let (e, k) = (self.cfg.num_experts, self.cfg.moe_router_topk);
+        let n = idx.len() / k.max(1);
         let bk = self.backend.as_ref();
         self.saved.logits = logits;
         self.saved.idx = bk.from_host(HostBuffer::I32(idx.clone()), &[n, k])?;
