@@ -36,6 +36,12 @@
 //!   results then differ from the widened-f32 path only in summation order, never by more than
 //!   the f32 accumulation tolerance. The K (reduction) dimension is never split across threads,
 //!   so results do not depend on the thread count.
+//! * `attention_forward`/`attention_backward` with bf16 `qkv`/`out`/`d_out`/`d_qkv`: a backend
+//!   may run the tile products on native bf16 dot-product instructions (CPU: `vdpbf16ps`)
+//!   with f32 sums, as FlashAttention does on GPUs: the scores, the softmax statistics (`max`,
+//!   `Σ`, `lse`, `D_i`) and the probabilities are f32, and the probability tile `P` and the
+//!   score gradient `dS` are rounded to bf16 once before the products that consume them
+//!   (`P·V`, `Pᵀ·dO`, `dS·K`, `dSᵀ·Q`). Results stay independent of the thread count.
 //! * `abs_max` reports inf/NaN of the tensor's own values (an fp16 overflow shows as inf).
 //! * `copy` needs equal dtypes; `cast` converts between any float dtypes.
 

@@ -122,6 +122,29 @@ fn bench_attention(be: &CpuBackend, b: usize, t: usize, heads: usize, hd: usize,
     let fwd_d = time(reps, || be.attention_forward(&qkv, &mut out, &mut lse, drop).unwrap());
     let bwd_d = time(reps, || be.attention_backward(&d_out, &qkv, &out, &lse, &mut d_qkv, drop).unwrap());
     println!("attention with dropout 0.1: fwd {:.1} ms, bwd {:.1} ms", fwd_d * 1e3, bwd_d * 1e3);
+    // bf16 q/k/v/dO: the vdpbf16ps kernel (default on AVX512-BF16 AMD CPUs) against the
+    // widened fp32 kernel, alternated in the same run.
+    let half = |t: &DeviceTensor| {
+        let mut h = be.zeros(t.shape(), DType::BF16).unwrap();
+        be.cast(t, &mut h).unwrap();
+        h
+    };
+    let (qkv, d_out) = (half(&qkv), half(&d_out));
+    let (mut out, mut d_qkv) = (half(&out), half(&d_qkv));
+    for (name, kb) in [
+        ("bf16 dot", CpuBackend::new().force_bf16_dot(true)),
+        ("bf16 widened", CpuBackend::new().force_bf16_fallback(true)),
+    ] {
+        let fwd = time(reps, || kb.attention_forward(&qkv, &mut out, &mut lse, spec).unwrap());
+        let bwd = time(reps, || kb.attention_backward(&d_out, &qkv, &out, &lse, &mut d_qkv, spec).unwrap());
+        println!(
+            "attention {name}: fwd {:.1} ms ({:.1} GFLOP/s), bwd {:.1} ms ({:.1} GFLOP/s)",
+            fwd * 1e3,
+            2.0 * mm / fwd / 1e9,
+            bwd * 1e3,
+            5.0 * mm / bwd / 1e9
+        );
+    }
 }
 
 fn bench_other(be: &CpuBackend, m: usize, c: usize, vocab: usize, reps: usize) {

@@ -205,7 +205,11 @@ impl Backend for CpuBackend {
         lse: &mut DeviceTensor,
         spec: AttentionSpec,
     ) -> Result<()> {
+        let dot = self.bf16_kernel() == crate::gemm_half::Kernel::Dp;
         self.run(|| {
+            if dot && attention::bf16::applies(&[qkv, out]) {
+                return attention::bf16::attention_forward(qkv, out, lse, spec);
+            }
             let qkv = input(qkv)?;
             let mut o = Out::new(out, false)?;
             attention::attention_forward(&qkv, o.t(), lse, spec)?;
@@ -221,7 +225,11 @@ impl Backend for CpuBackend {
         d_qkv: &mut DeviceTensor,
         spec: AttentionSpec,
     ) -> Result<()> {
+        let dot = self.bf16_kernel() == crate::gemm_half::Kernel::Dp;
         self.run(|| {
+            if dot && attention::bf16::applies(&[d_out, qkv, out, d_qkv]) {
+                return attention::bf16::attention_backward(d_out, qkv, out, lse, d_qkv, spec);
+            }
             let (d_out, qkv, out) = (input(d_out)?, input(qkv)?, input(out)?);
             let mut o = Out::new(d_qkv, false)?;
             attention::attention_backward(&d_out, &qkv, &out, lse, o.t(), spec)?;

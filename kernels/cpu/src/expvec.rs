@@ -67,6 +67,18 @@ pub(crate) fn sum_exp(x: &[f32], m: f32) -> f32 {
     simd::sum_map(x, |v| simd::exp(v - m))
 }
 
+/// `x[i] = exp(x[i] − m)`, returning `Σ_i x[i]` (a fixed summation order for a given length).
+#[inline(always)]
+pub(crate) fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        // SAFETY: AVX-512F was detected on this CPU.
+        return unsafe { avx512::exp_sub_sum(x, m) };
+    }
+    x.iter_mut().for_each(|v| *v = simd::exp(*v - m));
+    simd::sum_map(x, |v| v)
+}
+
 /// `x[i] = exp(x[i] − m) · scale`.
 #[inline(always)]
 pub(crate) fn exp_scale(x: &mut [f32], m: f32, scale: f32) {
@@ -235,6 +247,22 @@ mod avx512 {
             i += 16;
         }
         _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    }
+
+    /// Safety: AVX-512F present.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
+        let (n, xp, mv) = (x.len(), x.as_mut_ptr(), _mm512_set1_ps(m));
+        let mut acc = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < n {
+            let k: __mmask16 = if n - i >= 16 { 0xffff } else { ((1u32 << (n - i)) - 1) as u16 };
+            let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xp.add(i)), mv));
+            _mm512_mask_storeu_ps(xp.add(i), k, e);
+            acc = _mm512_mask_add_ps(acc, k, acc, e);
+            i += 16;
+        }
+        _mm512_reduce_add_ps(acc)
     }
 
     /// Safety: AVX-512F present.

@@ -39,6 +39,7 @@ mod rotary;
 mod scratch;
 pub mod simd;
 mod tile;
+mod tile_bf16;
 mod widen;
 
 pub use crate::gemm::measure_gemm_gflops;
@@ -112,7 +113,7 @@ impl CpuBackend {
         Ok(CpuBackend { pool: Some(pool), bf16_dot: bf16_kernel_from_env() })
     }
 
-    /// With `true`, bf16 × bf16 GEMMs take the widened-f32 kernel (explicit AVX-512 FMAs, or a
+    /// With `true`, bf16 × bf16 GEMMs (and bf16 attention) take the widened-f32 kernels (explicit AVX-512 FMAs, or a
     /// portable loop) even on a CPU where `vdpbf16ps` is the default; for tests and A/B timing.
     pub fn force_bf16_fallback(mut self, on: bool) -> CpuBackend {
         self.bf16_dot = if on { Some(false) } else { None };

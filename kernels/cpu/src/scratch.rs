@@ -51,21 +51,29 @@ pub(crate) fn take<'a>(rest: &mut &'a mut [f32], n: usize) -> &'a mut [f32] {
     head
 }
 
+/// Splits the first `n` elements off `rest` as `u32` (bf16 pair buffers share the f32 scratch).
+pub(crate) fn take_u32<'a>(rest: &mut &'a mut [f32], n: usize) -> &'a mut [u32] {
+    let head = take(rest, n);
+    // SAFETY: f32 and u32 have the same size and alignment and every bit pattern is valid for
+    // both; the slice covers the same bytes under the same exclusive borrow.
+    unsafe { std::slice::from_raw_parts_mut(head.as_mut_ptr() as *mut u32, n) }
+}
+
 /// Shared handle for writing rows of one output tensor from several threads, where each
 /// thread owns a disjoint set of rows (e.g. one attention head's columns of `(B, T, C)`).
-pub(crate) struct RowWriter<'a> {
-    ptr: *mut f32,
+pub(crate) struct RowWriter<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _borrow: PhantomData<&'a mut [f32]>,
+    _borrow: PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: the writer is only a pointer to a mutable borrow held for 'a; `row`'s contract makes
 // concurrent writers touch disjoint elements.
-unsafe impl Send for RowWriter<'_> {}
-unsafe impl Sync for RowWriter<'_> {}
+unsafe impl<T: Send> Send for RowWriter<'_, T> {}
+unsafe impl<T: Send> Sync for RowWriter<'_, T> {}
 
-impl<'a> RowWriter<'a> {
-    pub(crate) fn new(data: &'a mut [f32]) -> RowWriter<'a> {
+impl<'a, T: Copy> RowWriter<'a, T> {
+    pub(crate) fn new(data: &'a mut [T]) -> RowWriter<'a, T> {
         RowWriter { ptr: data.as_mut_ptr(), len: data.len(), _borrow: PhantomData }
     }
 
@@ -73,8 +81,18 @@ impl<'a> RowWriter<'a> {
     ///
     /// # Safety
     /// No other thread may write or read that range while the writer lives.
-    pub(crate) unsafe fn write(&self, off: usize, src: &[f32]) {
+    pub(crate) unsafe fn write(&self, off: usize, src: &[T]) {
         assert!(off + src.len() <= self.len, "RowWriter: row out of bounds");
         std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len());
+    }
+
+    /// Elements `[off, off + len)` as a mutable slice (for writers that convert in place).
+    ///
+    /// # Safety
+    /// As [`RowWriter::write`]: no other thread may touch that range while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn row_mut(&self, off: usize, len: usize) -> &mut [T] {
+        assert!(off + len <= self.len, "RowWriter: row out of bounds");
+        std::slice::from_raw_parts_mut(self.ptr.add(off), len)
     }
 }

@@ -21,7 +21,8 @@
 //! operands and dq/dk/dv accumulators (2.3 MiB at T=1024, 9.1 MiB at 4096).
 //!
 //! Layout: this file holds the op entry points (validation, scheduling); `forward.rs` and
-//! `backward.rs` the per-head kernels.
+//! `backward.rs` the per-head kernels. bf16 tensors on CPUs with AVX512-BF16 go to [`bf16`]
+//! instead (same tiling and statistics, `vdpbf16ps` tile products, no widened copies).
 //!
 //! Dropout on the probabilities: element `(b, h, i, j)` uses index `((b·heads+h)·T+i)·T+j` of
 //! [`DropoutMask`]; `lse` is of the undropped scores.
@@ -34,6 +35,7 @@ use megatron_core::{AttentionSpec, DeviceTensor, Result};
 use rayon::prelude::*;
 
 mod backward;
+pub(crate) mod bf16;
 mod forward;
 
 /// Query and key tile edge.

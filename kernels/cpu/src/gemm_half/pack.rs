@@ -4,16 +4,67 @@
 use super::{KC, MR, NR};
 use megatron_core::half::{bf16, f16};
 use rayon::prelude::*;
+use std::ops::Deref;
+use std::sync::Mutex;
 
 /// A packed element: bf16 bits for `dp`, f32 for `fma`.
 pub(super) trait Elem: Copy + Send + Sync + 'static {
     const ZERO: Self;
+    /// The pool of this type's packed-`B` buffer (see [`PackedB`]).
+    fn pool() -> &'static Mutex<Vec<Self>>;
 }
+static POOL_U16: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+static POOL_F32: Mutex<Vec<f32>> = Mutex::new(Vec::new());
 impl Elem for u16 {
     const ZERO: u16 = 0;
+    fn pool() -> &'static Mutex<Vec<u16>> {
+        &POOL_U16
+    }
 }
 impl Elem for f32 {
     const ZERO: f32 = 0.0;
+    fn pool() -> &'static Mutex<Vec<f32>> {
+        &POOL_F32
+    }
+}
+
+/// The packed `B` of one GEMM call, in a buffer borrowed from a process-wide pool and given
+/// back when dropped: the lm head packs ~77 MB of bf16 per call, and a fresh `vec!` of that
+/// size is zeroed and page-faulted (and unmapped again) every time. Reuse is safe without
+/// clearing because the panel packers write every element of a panel (short panels and odd
+/// `kc` are zero-filled first). Concurrent GEMMs find the pool empty and allocate their own;
+/// the pool keeps the largest buffer returned.
+pub(super) struct PackedB<E: Elem> {
+    buf: Vec<E>,
+    len: usize,
+}
+
+impl<E: Elem> PackedB<E> {
+    fn take(len: usize) -> PackedB<E> {
+        let mut buf = std::mem::take(&mut *E::pool().lock().unwrap_or_else(|e| e.into_inner()));
+        if buf.len() < len {
+            // Growing reallocates (and zeroes the new part) once; later calls reuse it.
+            buf = vec![E::ZERO; len];
+        }
+        PackedB { buf, len }
+    }
+}
+
+impl<E: Elem> Deref for PackedB<E> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        &self.buf[..self.len]
+    }
+}
+
+impl<E: Elem> Drop for PackedB<E> {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.buf);
+        let mut slot = E::pool().lock().unwrap_or_else(|e| e.into_inner());
+        if slot.len() < buf.len() {
+            *slot = buf;
+        }
+    }
 }
 
 /// Reads element `i` of a source slice as a packed element.
@@ -136,10 +187,15 @@ pub(super) fn k_blocks(k: usize) -> Vec<(usize, usize)> {
 
 /// All of `B` packed: for each k block, `ceil(n/NR)` panels of `ceil(kc/2)·2·NR` elements,
 /// each filled by `panel(k0, kc, j0, out)`.
-pub(super) fn pack_b_all<E: Elem>(k: usize, n: usize, panel: impl Fn(usize, usize, usize, &mut [E]) + Sync) -> Vec<E> {
+pub(super) fn pack_b_all<E: Elem>(
+    k: usize,
+    n: usize,
+    panel: impl Fn(usize, usize, usize, &mut [E]) + Sync,
+) -> PackedB<E> {
     let panels = n.div_ceil(NR);
-    let mut packed = vec![E::ZERO; k.div_ceil(2) * 2 * panels * NR];
-    let mut rest = &mut packed[..];
+    let len = k.div_ceil(2) * 2 * panels * NR;
+    let mut packed = PackedB::take(len);
+    let mut rest = &mut packed.buf[..len];
     let mut blocks = Vec::new();
     for (k0, kc) in k_blocks(k) {
         let (blk, tail) = std::mem::take(&mut rest).split_at_mut(kc.div_ceil(2) * 2 * panels * NR);
@@ -158,6 +214,6 @@ pub(super) fn pack_b_generic<E: Elem, S: Load<E> + ?Sized, const DP: bool>(
     trans: bool,
     k: usize,
     n: usize,
-) -> Vec<E> {
+) -> PackedB<E> {
     pack_b_all(k, n, |k0, kc, j0, out| pack_b_panel::<E, S, DP>(b, trans, k, n, k0, kc, j0, out))
 }
