@@ -98,7 +98,7 @@ pub fn check(a: &PretrainArgs, tokenizer_type: Option<&str>) -> Vec<String> {
 /// The `bert` model plugin config.
 pub fn model_config(a: &PretrainArgs, max_position_embeddings: usize, vocab_size: usize) -> Value {
     let binary = a.bert.bert_binary_head;
-    json!({
+    let mut c = json!({
         "num_layers": a.num_layers,
         "hidden_size": a.hidden_size,
         "num_attention_heads": a.num_attention_heads,
@@ -118,7 +118,24 @@ pub fn model_config(a: &PretrainArgs, max_position_embeddings: usize, vocab_size
         "gelu_erf": a.bert.bert_gelu_erf,
         "decoder_first_pipeline_num_layers": a.decoder_first_pipeline_num_layers,
         "decoder_last_pipeline_num_layers": a.decoder_last_pipeline_num_layers,
-    })
+    });
+    // Mixed precision only when asked (SPEC §6.7, docs/mixed_precision.md).
+    let dtype = if a.bf16 {
+        Some("bf16")
+    } else if a.fp16 {
+        Some("f16")
+    } else {
+        None
+    };
+    if let (Some(d), Some(m)) = (dtype, c.as_object_mut()) {
+        m.insert("params_dtype".into(), json!(d));
+    }
+    // Full recomputation over each stage's encoder layers (SPEC §6.9).
+    if let (Some("full"), Some(m)) = (a.recompute_granularity.as_deref(), c.as_object_mut()) {
+        let method = a.recompute_method.clone().unwrap_or_default();
+        m.insert("recompute".into(), json!({"method": method, "num_layers": a.recompute_num_layers.unwrap_or(1)}));
+    }
+    c
 }
 
 /// The `bert` dataset plugin config.

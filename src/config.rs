@@ -193,14 +193,13 @@ impl TrainConfig {
                     ),
                 );
                 need(a.recompute_num_layers != Some(0), "--recompute-num-layers must be at least 1".into());
-                // BERT builds its own layer stack (not the transformer block) and keeps every
-                // layer's activations: full recomputation is not implemented for it. T5 recomputes
-                // units of each stack (models/t5/src/recompute.rs).
+                // T5 and BERT recompute units of their own layer stacks
+                // (models/t5/src/recompute.rs, models/bert/src/model/encode.rs).
                 need(
-                    ["gpt", "hybrid", "mamba", "t5"].contains(&a.model.as_str()),
+                    ["gpt", "hybrid", "mamba", "t5", "bert"].contains(&a.model.as_str()),
                     format!(
-                        "--recompute-granularity full: model `{}` does not offer it yet (gpt, hybrid, mamba \
-                         and t5 do); use --recompute-granularity selective or drop the flag",
+                        "--recompute-granularity full: model `{}` does not offer it yet (gpt, hybrid, mamba, \
+                         t5 and bert do); use --recompute-granularity selective or drop the flag",
                         a.model
                     ),
                 );
@@ -219,17 +218,17 @@ impl TrainConfig {
              gradients); drop it to reduce in fp32"
                 .into(),
         );
-        let half_models = ["gpt", "hybrid", "mamba", "t5"];
+        let half_models = ["gpt", "hybrid", "mamba", "t5", "bert"];
         need(
             half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),
             format!(
-                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid, mamba and t5 do); train it in fp32",
+                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid, mamba, t5 and bert do); train it in fp32",
                 a.model
             ),
         );
         need(
-            !(a.fp32_residual_connection && a.model == "t5"),
-            "--fp32-residual-connection: t5 keeps its residual stream in the parameter dtype; drop it".into(),
+            !(a.fp32_residual_connection && (a.model == "t5" || a.model == "bert")),
+            "--fp32-residual-connection: t5 and bert keep its residual stream in the parameter dtype; drop it".into(),
         );
         need(
             !a.grad_reduce_in_bf16 || a.model == "gpt",

@@ -1,7 +1,8 @@
 //! `megatron pretrain --model bert` end to end on the synthetic sentence-split fixture of the
 //! BERT dataset tests (216-token WordPiece vocabulary, 120 documents): Megatron's samples
 //! (packed by the `bert` dataset, unpacked by the model), `lm loss` and `sop loss` logged;
-//! tp = 2, dp = 2, pp = 2 and tp2·pp2 (ranks as threads, 1F1B) match the single-rank run; bad
+//! tp = 2, dp = 2, pp = 2 and tp2·pp2 (ranks as threads, 1F1B) match the single-rank run;
+//! `--bf16`/`--fp16` follow the fp32 run within the half type's rounding; bad
 //! flag combinations are refused with messages naming the fix.
 
 mod common;
@@ -115,6 +116,25 @@ fn bert_pretrains_and_tp2_dp2_pp2_match_the_single_rank_run() {
     ] {
         assert_same_run(name, &run_bert(dir.path(), name, extra), &reference);
     }
+}
+
+#[test]
+fn bert_bf16_and_fp16_follow_the_fp32_run() {
+    // Half parameters and activations (SPEC §6.7, docs/mixed_precision.md); fp16 with a fixed
+    // loss scale (the dynamic scaler would skip the first iterations from its 2^32 start).
+    let dir = tempfile::tempdir().unwrap();
+    let (fp32, _) = run_bert(dir.path(), "fp32", "");
+    let (bf16, _) = run_bert(dir.path(), "bf16", "--bf16");
+    let (fp16, _) = run_bert(dir.path(), "fp16", "--fp16 --loss-scale 1024");
+    let (bf16_pp2, _) = run_bert(dir.path(), "bf16pp2", "--bf16 --nproc 2 --pipeline-model-parallel-size 2");
+    for (name, s, tol) in [("bf16", &bf16, 2e-3), ("fp16", &fp16, 5e-4)] {
+        let (loss, valid) = (max_rel(&s.losses, &fp32.losses), max_rel(&s.valid_losses, &fp32.valid_losses));
+        eprintln!("{name} vs fp32: loss rel {loss:.2e}, validation loss rel {valid:.2e}");
+        assert!(loss < tol && valid < tol, "{name} vs fp32: loss rel {loss:.2e}, validation {valid:.2e} (tol {tol})");
+    }
+    // Pipeline stages exchange bf16 hidden states: the same run as one rank.
+    let loss = max_rel(&bf16_pp2.losses, &bf16.losses);
+    assert!(loss < 1e-5, "bf16 pp2 vs one rank: loss rel {loss:.2e}");
 }
 
 #[test]

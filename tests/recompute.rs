@@ -2,8 +2,8 @@
 //! gives losses, grad norms and validation losses bit-identical to keeping the activations, on
 //! one rank, at tp2·pp2 (1F1B keeps microbatches in flight) and in bf16; at tp2·pp2 with
 //! dropout off it matches the single rank without recomputation (1e-5 relative). The hybrid
-//! model likewise (fp32 and bf16, one rank and pp2); BERT refuses it with the reason (T5's
-//! bit-identity is `cargo test -p megatron-t5 --test recompute`).
+//! model and BERT likewise (fp32 and bf16, one rank and pp2; T5's bit-identity is
+//! `cargo test -p megatron-t5 --test recompute`).
 
 mod common;
 use common::*;
@@ -64,9 +64,28 @@ fn hybrid_full_recompute_is_bit_identical_with_dropout() {
     }
 }
 
+/// A 2-layer BERT on the synthetic sentence-split fixture, dropout on.
+fn bert(extra: &str) -> TrainSummary {
+    let f = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("datasets/tests/fixtures/bert");
+    let args = flags(&format!(
+        "--model bert --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 32 \
+         --max-position-embeddings 32 --micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --seed 1234 \
+         --hidden-dropout 0.1 --attention-dropout 0.1 --split 90,10,0 --train-iters 6 --eval-interval 3 \
+         --eval-iters 1 --log-interval 3 --tokenizer-type BertWordPieceLowerCase --data-path {} \
+         --vocab-file {} {extra}",
+        f.join("synthetic_sentences").display(),
+        f.join("vocab.txt").display()
+    ));
+    pretrain(&args).unwrap_or_else(|e| panic!("bert [{extra}]: {e:#}"))
+}
+
 #[test]
-fn full_recompute_is_refused_for_bert_with_the_reason() {
-    let f = tiny_with(&format!("--model bert --train-iters 1 {}", FULL[0]));
-    let e = format!("{:#}", pretrain(&f).unwrap_err());
-    assert!(e.contains("model `bert` does not offer it yet"), "bert: {e}");
+fn bert_full_recompute_is_bit_identical_with_dropout() {
+    for layout in ["", "--bf16", "--nproc 2 --pipeline-model-parallel-size 2"] {
+        let keep = bert(layout);
+        assert_eq!(keep.losses.len(), 6);
+        for full in [FULL[0], FULL[2]] {
+            same(&bert(&format!("{layout} {full}")), &keep, &format!("bert [{layout}] {full}"));
+        }
+    }
 }

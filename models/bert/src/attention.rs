@@ -6,7 +6,7 @@
 use anyhow::Result;
 use megatron_core::{Backend, DeviceTensor, PaddedAttentionSpec, Param};
 use megatron_transformer::linear::{LinearConfig, LinearLayer};
-use megatron_transformer::step::{empty, ensure_shape};
+use megatron_transformer::step::{empty, ensure_buffer, ensure_shape};
 use megatron_transformer::{DropoutSite, ModuleBuilder, ModuleScratch, SpecProvider, StepInfo, TransformerConfig};
 use std::sync::Arc;
 
@@ -87,8 +87,10 @@ impl EncoderAttention {
     ) -> Result<()> {
         let (b, t, np, hn) = (step.batch, step.seq, self.heads_local, self.head_dim);
         let bk = self.backend.clone();
-        ensure_shape(bk.as_ref(), &mut self.qkv, &[b, t, np * 3 * hn])?;
-        ensure_shape(bk.as_ref(), &mut self.context, &[b, t, np * hn])?;
+        // qkv and context in the activation dtype: the CPU backend widens a half qkv for its
+        // fp32 kernel and rounds the context once; scores, softmax and `lse` are fp32.
+        ensure_buffer(bk.as_ref(), &mut self.qkv, &[b, t, np * 3 * hn], x.dtype())?;
+        ensure_buffer(bk.as_ref(), &mut self.context, &[b, t, np * hn], x.dtype())?;
         ensure_shape(bk.as_ref(), &mut self.lse, &[b, np, t])?;
         self.linear_qkv.forward(x, &mut self.qkv)?;
         let spec = self.spec(step);
@@ -107,9 +109,9 @@ impl EncoderAttention {
         step: &StepInfo,
     ) -> Result<()> {
         let bk = self.backend.clone();
-        ensure_shape(bk.as_ref(), &mut scratch.d_context, self.context.shape())?;
+        ensure_buffer(bk.as_ref(), &mut scratch.d_context, self.context.shape(), d_out.dtype())?;
         self.linear_proj.backward(&self.context, d_out, Some(&mut scratch.d_context))?;
-        ensure_shape(bk.as_ref(), &mut scratch.d_qkv, self.qkv.shape())?;
+        ensure_buffer(bk.as_ref(), &mut scratch.d_qkv, self.qkv.shape(), d_out.dtype())?;
         let spec = self.spec(step);
         bk.attention_padded_backward(
             &scratch.d_context,
@@ -121,6 +123,13 @@ impl EncoderAttention {
             spec,
         )?;
         self.linear_qkv.backward(x, &scratch.d_qkv, Some(d_x))
+    }
+
+    /// Frees what backward needs (full recomputation re-runs [`Self::forward`]).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let bk = self.backend.as_ref();
+        (self.qkv, self.context, self.lse) = (empty(bk)?, empty(bk)?, empty(bk)?);
+        Ok(())
     }
 
     pub fn params(&self) -> Vec<&Param> {

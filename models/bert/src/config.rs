@@ -2,7 +2,8 @@
 //! SPEC §4.8), deserialised from the `bert` plugin config (unknown fields are errors).
 
 use anyhow::{bail, Result};
-use megatron_transformer::TransformerConfig;
+use megatron_core::DType;
+use megatron_transformer::{Precision, TransformerConfig};
 use serde::Deserialize;
 
 /// Where the LayerNorms sit in each layer.
@@ -53,6 +54,14 @@ pub struct BertConfig {
     pub decoder_first_pipeline_num_layers: Option<usize>,
     /// Encoder layers of the last pipeline stage (`--decoder-last-pipeline-num-layers`).
     pub decoder_last_pipeline_num_layers: Option<usize>,
+    /// dtype of parameters and activations: `f32`, `bf16` (`--bf16`) or `f16` (`--fp16`); the
+    /// fp32 main parameters live in the optimizer, gradients are fp32, the attention softmax,
+    /// norm statistics, cross-entropy statistics and the binary head's pooler/loss are fp32
+    /// (SPEC §6.7, docs/mixed_precision.md).
+    pub params_dtype: DType,
+    /// `--recompute-granularity full` (SPEC §6.9): units over this stage's encoder layers
+    /// ([`megatron_transformer::FullRecompute`]); `None` keeps every activation.
+    pub recompute: Option<megatron_transformer::FullRecompute>,
 }
 
 impl Default for BertConfig {
@@ -77,11 +86,18 @@ impl Default for BertConfig {
             seq_length: None,
             decoder_first_pipeline_num_layers: None,
             decoder_last_pipeline_num_layers: None,
+            params_dtype: DType::F32,
+            recompute: None,
         }
     }
 }
 
 impl BertConfig {
+    /// The dtypes the modules are built with (residual stream in `params_dtype`).
+    pub fn precision(&self) -> Result<Precision> {
+        Precision::new(self.params_dtype, false)
+    }
+
     pub fn ffn(&self) -> usize {
         self.ffn_hidden_size.unwrap_or(4 * self.hidden_size)
     }

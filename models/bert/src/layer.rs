@@ -12,7 +12,7 @@ use crate::mlp::BertMlp;
 use anyhow::{Context, Result};
 use megatron_core::{Backend, DeviceTensor, Param};
 use megatron_transformer::layer::hidden_dropout;
-use megatron_transformer::step::{empty, ensure_shape};
+use megatron_transformer::step::{empty, ensure_buffer};
 use megatron_transformer::{
     BackwardScratch, DropoutSite, ModuleBuilder, NormKind, NormLayer, SpecProvider, StepInfo, TransformerConfig,
 };
@@ -79,7 +79,7 @@ impl BertLayer {
         let bk = self.backend.clone();
         let bk = bk.as_ref();
         for t in [&mut self.a, &mut self.h1, &mut self.c] {
-            ensure_shape(bk, t, x.shape())?;
+            ensure_buffer(bk, t, x.shape(), x.dtype())?;
         }
         let (p, l) = (self.hidden_dropout, self.layer_number);
         match self.placement {
@@ -118,8 +118,8 @@ impl BertLayer {
         let backend = self.backend.clone();
         let bk = backend.as_ref();
         let BackwardScratch { d_branch, d_norm, inner } = scratch;
-        ensure_shape(bk, d_branch, d_res.shape())?;
-        ensure_shape(bk, d_norm, d_res.shape())?;
+        ensure_buffer(bk, d_branch, d_res.shape(), d_res.dtype())?;
+        ensure_buffer(bk, d_norm, d_res.shape(), d_res.dtype())?;
         let (p, l) = (self.hidden_dropout, self.layer_number);
         let ctx = || format!("backward of bert encoder layer {l}");
         match self.placement {
@@ -150,6 +150,15 @@ impl BertLayer {
                 bk.axpy(d_res, 1.0, d_branch)
             }
         }
+    }
+
+    /// Frees every tensor kept for backward (full recomputation: the unit's forward is re-run
+    /// from its input before the backward).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let bk = self.backend.as_ref();
+        (self.a, self.h1, self.c) = (empty(bk)?, empty(bk)?, empty(bk)?);
+        self.self_attention.drop_saved()?;
+        self.mlp.drop_saved()
     }
 
     pub fn params(&self) -> Vec<&Param> {

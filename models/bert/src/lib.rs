@@ -85,7 +85,8 @@ impl Model for BertModel {
     }
 
     fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
-        self.backend().zeros(&self.stage_shape(batch), DType::F32)
+        // Stages exchange hidden states (and their gradient) in the activation dtype.
+        self.backend().zeros(&self.stage_shape(batch), self.act_dtype())
     }
 
     fn forward_stage(
@@ -146,7 +147,7 @@ impl Model for BertModel {
         self.forward_bert(&x, Mode::Eval)?;
         let logits = self.logits_tensor();
         let mut out = self.backend().zeros(logits.shape(), DType::F32)?;
-        self.backend().copy(logits, &mut out)?;
+        megatron_transformer::step::copy_any(self.backend().as_ref(), logits, &mut out)?;
         Ok(out)
     }
 

@@ -7,9 +7,9 @@
 //! with `libm::erf`, rounded once to f32.
 
 use anyhow::Result;
-use megatron_core::{Backend, DeviceTensor, HostBuffer, Param};
+use megatron_core::{Backend, DType, DeviceTensor, HostBuffer, Param};
 use megatron_transformer::linear::{LinearConfig, LinearLayer};
-use megatron_transformer::step::{empty, ensure_shape};
+use megatron_transformer::step::{empty, ensure_buffer};
 use megatron_transformer::{ModuleBuilder, ModuleScratch, SpecProvider, StepInfo, TransformerConfig};
 use std::sync::Arc;
 
@@ -25,11 +25,24 @@ pub fn gelu_erf_grad(x: f64) -> f64 {
     cdf + x * pdf
 }
 
-/// `out = gelu_erf(x)` elementwise.
+/// `out = gelu_erf(x)` elementwise (`out` keeps its dtype: a half `out` gets the fp32 result
+/// rounded once).
 pub fn gelu_erf_forward(bk: &dyn Backend, x: &DeviceTensor, out: &mut DeviceTensor) -> Result<()> {
     let v: Vec<f32> = bk.to_host(x)?.to_f32_vec().iter().map(|&a| gelu_erf(a as f64) as f32).collect();
-    *out = bk.from_host(HostBuffer::F32(v), x.shape())?;
-    Ok(())
+    store(bk, v, x.shape(), out)
+}
+
+/// `out = v` of `shape`, rounded into `out`'s dtype when it is a half type.
+fn store(bk: &dyn Backend, v: Vec<f32>, shape: &[usize], out: &mut DeviceTensor) -> Result<()> {
+    let t = bk.from_host(HostBuffer::F32(v), shape)?;
+    if out.dtype() == DType::F32 {
+        *out = t;
+        return Ok(());
+    }
+    if out.shape() != shape {
+        *out = bk.zeros(shape, out.dtype())?;
+    }
+    bk.cast(&t, out)
 }
 
 /// `d_x = d_out · gelu_erf'(x)` (overwritten).
@@ -47,8 +60,7 @@ pub fn gelu_erf_backward(
         .zip(&g)
         .map(|(&a, &g)| (g as f64 * gelu_erf_grad(a as f64)) as f32)
         .collect();
-    *d_x = bk.from_host(HostBuffer::F32(v), x.shape())?;
-    Ok(())
+    store(bk, v, x.shape(), d_x)
 }
 
 /// GeLU by flavour: the backend's tanh approximation or the host erf one.
@@ -117,8 +129,9 @@ impl BertMlp {
     /// `out (B, T, C) = fc2(gelu(fc1(x)))`.
     pub fn forward(&mut self, x: &DeviceTensor, out: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
         let bk = self.backend.clone();
-        ensure_shape(bk.as_ref(), &mut self.fc1_out, &[step.batch, step.seq, self.ffn_local])?;
-        ensure_shape(bk.as_ref(), &mut self.act_out, &[step.batch, step.seq, self.ffn_local])?;
+        let (shape, dt) = ([step.batch, step.seq, self.ffn_local], x.dtype());
+        ensure_buffer(bk.as_ref(), &mut self.fc1_out, &shape, dt)?;
+        ensure_buffer(bk.as_ref(), &mut self.act_out, &shape, dt)?;
         self.linear_fc1.forward(x, &mut self.fc1_out)?;
         gelu_forward(bk.as_ref(), self.gelu_erf, &self.fc1_out, &mut self.act_out)?;
         self.linear_fc2.forward(&self.act_out, out)
@@ -133,11 +146,18 @@ impl BertMlp {
         scratch: &mut ModuleScratch,
     ) -> Result<()> {
         let bk = self.backend.clone();
-        ensure_shape(bk.as_ref(), &mut scratch.d_act, self.act_out.shape())?;
-        ensure_shape(bk.as_ref(), &mut scratch.d_fc1, self.fc1_out.shape())?;
+        ensure_buffer(bk.as_ref(), &mut scratch.d_act, self.act_out.shape(), d_out.dtype())?;
+        ensure_buffer(bk.as_ref(), &mut scratch.d_fc1, self.fc1_out.shape(), d_out.dtype())?;
         self.linear_fc2.backward(&self.act_out, d_out, Some(&mut scratch.d_act))?;
         gelu_backward(bk.as_ref(), self.gelu_erf, &self.fc1_out, &scratch.d_act, &mut scratch.d_fc1)?;
         self.linear_fc1.backward(x, &scratch.d_fc1, Some(d_x))
+    }
+
+    /// Frees what backward needs (full recomputation re-runs [`Self::forward`]).
+    pub fn drop_saved(&mut self) -> Result<()> {
+        let bk = self.backend.as_ref();
+        (self.fc1_out, self.act_out) = (empty(bk)?, empty(bk)?);
+        Ok(())
     }
 
     pub fn params(&self) -> Vec<&Param> {

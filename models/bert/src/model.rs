@@ -144,7 +144,7 @@ impl BertModel {
         let vocab_padded = config.padded_vocab_size(tp)?;
         let tcfg = config.transformer_config();
         tcfg.validate(tp)?;
-        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed);
+        let b = ModuleBuilder::new(backend.clone(), ctx.clone(), config.seed).with_precision(config.precision()?);
         let (h, std, eps) = (config.hidden_size, config.init_method_std, config.layernorm_epsilon);
         let embedding = if first {
             Some(LanguageModelEmbedding::new(
@@ -316,5 +316,22 @@ impl BertModel {
     /// A scratch f32 tensor (for callers that need one on this model's backend).
     pub fn zeros(&self, shape: &[usize]) -> Result<DeviceTensor> {
         self.backend.zeros(shape, DType::F32)
+    }
+
+    /// The activation dtype (the parameter dtype: the residual stream, hidden states and
+    /// their gradients between pipeline stages).
+    pub fn act_dtype(&self) -> DType {
+        self.config.params_dtype
+    }
+
+    /// `t` as a fresh tensor of the activation dtype (rounded once when it is fp32 and the
+    /// model is half; the host-side heads produce fp32).
+    pub(crate) fn to_act(&self, t: DeviceTensor) -> Result<DeviceTensor> {
+        if t.dtype() == self.act_dtype() {
+            return Ok(t);
+        }
+        let mut out = self.backend.zeros(t.shape(), self.act_dtype())?;
+        self.backend.cast(&t, &mut out)?;
+        Ok(out)
     }
 }

@@ -81,7 +81,7 @@ impl BertModel {
             self.enc_saved = Some(enc);
         }
         let out = self.hidden_states();
-        let mut hidden = self.zeros(out.shape())?;
+        let mut hidden = self.backend().zeros(out.shape(), self.act_dtype())?;
         self.backend().copy(out, &mut hidden)?;
         Ok(StageRun::Hidden(hidden))
     }
@@ -146,7 +146,7 @@ impl BertModel {
                         self.hidden_states().shape()
                     );
                 }
-                self.backend().copy(&d, &mut self.d_a)?;
+                megatron_transformer::step::copy_any(self.backend().as_ref(), &d, &mut self.d_a)?;
                 self.backward_layers(&enc)?;
             }
             (true, Some(_)) => bail!("the last bert pipeline stage starts backward from the loss"),
@@ -156,7 +156,7 @@ impl BertModel {
         if self.embedding.is_some() {
             return Ok(None);
         }
-        let mut d_in = self.zeros(self.d_a.shape())?;
+        let mut d_in = self.backend().zeros(self.d_a.shape(), self.act_dtype())?;
         self.backend().copy(&self.d_a, &mut d_in)?;
         Ok(Some(d_in))
     }

@@ -7,7 +7,7 @@ use super::{BertBatch, BertModel, Encoded};
 use anyhow::{bail, Context, Result};
 use megatron_core::{DeviceTensor, HostBuffer, Mode};
 use megatron_transformer::layer::hidden_dropout;
-use megatron_transformer::step::ensure_shape;
+use megatron_transformer::step::{copy_any, empty, ensure_buffer};
 use megatron_transformer::{DropoutSite, NormLayer, StepInfo};
 
 impl BertModel {
@@ -74,7 +74,7 @@ impl BertModel {
         let step = StepInfo { batch: x.batch, seq: x.seq, train: mode == Mode::Train, seed: x.seed };
         let backend = self.backend.clone();
         let bk = backend.as_ref();
-        let h = self.config.hidden_size;
+        let (h, dt) = (self.config.hidden_size, self.config.params_dtype);
         let shape = [x.batch, x.seq, h];
         for t in self.residuals.iter_mut().chain([
             &mut self.emb,
@@ -85,7 +85,7 @@ impl BertModel {
             &mut self.d_a,
             &mut self.d_b,
         ]) {
-            ensure_shape(bk, t, &shape)?;
+            ensure_buffer(bk, t, &shape, dt)?;
         }
         let ids = self.upload_i32(&x.tokens)?;
         let types = self.upload_i32(&x.types)?;
@@ -111,7 +111,7 @@ impl BertModel {
                         input.shape()
                     );
                 }
-                bk.copy(input, &mut self.residuals[0])?;
+                copy_any(bk, input, &mut self.residuals[0])?;
             }
             _ => bail!(
                 "bert pipeline stage {}: the first stage embeds tokens, every other stage takes the previous \
@@ -119,9 +119,23 @@ impl BertModel {
                 self.ctx.pp_rank
             ),
         }
-        for (l, layer) in self.layers.iter_mut().enumerate() {
+        // Full recomputation: after a unit's forward its layers free their activations and
+        // only the unit's input (and output, the next unit's input) stays in `residuals`.
+        let units = match self.config.recompute {
+            Some(r) if step.train => r.units(self.layers.len()),
+            _ => Vec::new(),
+        };
+        for l in 0..self.layers.len() {
             let (done, rest) = self.residuals.split_at_mut(l + 1);
-            layer.forward(&done[l], &lengths, &mut rest[0], &step)?;
+            self.layers[l].forward(&done[l], &lengths, &mut rest[0], &step)?;
+            if let Some(u) = units.iter().find(|u| u.end == l + 1) {
+                for k in u.clone() {
+                    self.layers[k].drop_saved()?;
+                }
+                for k in u.start + 1..u.end {
+                    self.residuals[k] = empty(bk)?;
+                }
+            }
         }
         let last = &self.residuals[self.layers.len()];
         match self.final_layernorm.as_mut() {
@@ -144,7 +158,8 @@ impl BertModel {
     /// Backpropagates `d_hidden (B, T, C)` (host values) through the saved encoder forward.
     pub fn backward_encoder(&mut self, d_hidden: Vec<f32>) -> Result<()> {
         let enc = self.enc_saved.take().context("BertModel::backward_encoder without a training forward_encoder")?;
-        self.d_b = self.backend.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
+        let d = self.backend.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
+        self.d_b = self.to_act(d)?;
         self.backward_from_hidden(&enc)
     }
 
@@ -168,8 +183,18 @@ impl BertModel {
         let step = enc.step;
         let backend = self.backend.clone();
         let bk = backend.as_ref();
-        for (l, layer) in self.layers.iter_mut().enumerate().rev() {
-            layer.backward(&self.residuals[l], &enc.lengths, &mut self.d_a, &mut self.scratch, &step)?;
+        let units = self.config.recompute.map(|r| r.units(self.layers.len())).unwrap_or_default();
+        for l in (0..self.layers.len()).rev() {
+            if let Some(u) = units.iter().find(|u| u.end == l + 1) {
+                // Re-run the unit's forward from its kept input (same step: same dropout
+                // masks, bit-identical activations).
+                for k in u.clone() {
+                    let (done, rest) = self.residuals.split_at_mut(k + 1);
+                    ensure_buffer(bk, &mut rest[0], done[k].shape(), done[k].dtype())?;
+                    self.layers[k].forward(&done[k], &enc.lengths, &mut rest[0], &step)?;
+                }
+            }
+            self.layers[l].backward(&self.residuals[l], &enc.lengths, &mut self.d_a, &mut self.scratch, &step)?;
         }
         let Some(embedding) = self.embedding.as_mut() else {
             return Ok(());

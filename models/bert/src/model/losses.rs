@@ -8,7 +8,7 @@ use crate::heads::sop_cross_entropy;
 use anyhow::{bail, Context, Result};
 use megatron_core::{DeviceTensor, HostBuffer, Mode};
 use megatron_transformer::linear::{linear_backward, linear_forward};
-use megatron_transformer::step::ensure_shape;
+use megatron_transformer::step::ensure_buffer;
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
 use megatron_transformer::NormLayer;
 
@@ -43,7 +43,9 @@ impl BertModel {
         crate::mlp::gelu_forward(bk, self.config.gelu_erf, &self.lm_dense, &mut self.lm_act)?;
         self.lm_layernorm.forward(&self.lm_act, &mut self.lm_norm)?;
         let local = self.vocab_padded / self.ctx.tp_size();
-        ensure_shape(bk, &mut self.logits, &[x.batch, x.seq, local])?;
+        // Logits in the activation dtype (as the GPT's); the cross entropy widens them and
+        // keeps its row statistics and the per-token losses in fp32.
+        ensure_buffer(bk, &mut self.logits, &[x.batch, x.seq, local], self.config.params_dtype)?;
         let bias: Vec<f32> = bk
             .to_host(&self.output_bias.value)?
             .to_f32_vec()
@@ -129,7 +131,8 @@ impl BertModel {
                 let row = &mut d_hidden[r * step.seq * c..r * step.seq * c + c];
                 row.iter_mut().zip(&d_cls[r * c..(r + 1) * c]).for_each(|(a, b)| *a += b);
             }
-            self.d_b = bk.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
+            let d = bk.from_host(HostBuffer::F32(d_hidden), self.hidden.shape())?;
+            self.d_b = self.to_act(d)?;
         }
         self.backward_from_hidden(&saved.enc)
     }
