@@ -28,6 +28,8 @@ configs=(
   "124M-dp2-dist   $gpt2 $s256 --micro-batch-size 2 --global-batch-size 4 --nproc 2 --use-distributed-optimizer"
   "124M-bf16-dist  $gpt2 $s256 --micro-batch-size 2 --global-batch-size 4 --nproc 2 --use-distributed-optimizer --bf16"
   "124M-recompute  $gpt2 $s256 --micro-batch-size 2 --global-batch-size 2 --recompute-activations"
+  "124M-full       $gpt2 $s256 --micro-batch-size 2 --global-batch-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+  "124M-bf16-full  $gpt2 $s256 --micro-batch-size 2 --global-batch-size 2 --bf16 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
   "350M-fp32       $m350 $s256 --micro-batch-size 1 --global-batch-size 1"
   "350M-bf16       $m350 $s256 --micro-batch-size 1 --global-batch-size 1 --bf16"
   "350M-tp2        $m350 $s256 --micro-batch-size 1 --global-batch-size 1 --tensor-model-parallel-size 2 --nproc 2"
