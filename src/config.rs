@@ -218,17 +218,20 @@ impl TrainConfig {
              gradients); drop it to reduce in fp32"
                 .into(),
         );
-        let half_models = ["gpt", "hybrid", "mamba", "t5", "bert"];
+        let half_models = ["gpt", "hybrid", "mamba", "t5", "bert", "swiglu-mlp-lm"];
         need(
             half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),
             format!(
-                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid, mamba, t5 and bert do); train it in fp32",
+                "--bf16/--fp16: model `{}` takes no dtype yet (gpt, hybrid, mamba, t5, bert and swiglu-mlp-lm do); \
+                 train it in fp32",
                 a.model
             ),
         );
         need(
-            !(a.fp32_residual_connection && (a.model == "t5" || a.model == "bert")),
-            "--fp32-residual-connection: t5 and bert keep its residual stream in the parameter dtype; drop it".into(),
+            !(a.fp32_residual_connection && ["t5", "bert", "swiglu-mlp-lm"].contains(&a.model.as_str())),
+            "--fp32-residual-connection: t5, bert and swiglu-mlp-lm keep their residual stream in the parameter \
+             dtype; drop it"
+                .into(),
         );
         need(
             !a.grad_reduce_in_bf16 || a.model == "gpt",

@@ -6,6 +6,7 @@
 //! choice of norm/activation/tying, which are fixed here) are accepted and ignored. Any other
 //! field is an error listing the known ones (`deny_unknown_fields`).
 
+use megatron_core::DType;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -20,6 +21,9 @@ fn default_eps() -> f32 {
 }
 fn default_seed() -> u64 {
     1234
+}
+fn default_dtype() -> DType {
+    DType::F32
 }
 
 #[derive(Debug, Deserialize)]
@@ -47,6 +51,11 @@ pub struct MlpLmConfig {
     /// Panics in `forward`: shows (and tests) that the host turns a plugin panic into an error.
     #[serde(default)]
     pub panic_in_forward: bool,
+    /// dtype of parameters and activations: `f32` (default), `bf16` (`--bf16`) or `f16`
+    /// (`--fp16`). Gradients stay fp32 (the driver's mixed-precision optimizer keeps the fp32
+    /// main parameters); norm statistics and the cross-entropy statistics are fp32.
+    #[serde(default = "default_dtype")]
+    pub params_dtype: DType,
 
     // ---- accepted from the driver's GPT-shaped config, ignored (see the module doc) ----------
     #[serde(default)]
@@ -81,6 +90,7 @@ impl MlpLmConfig {
             seed: default_seed(),
             seq_length: None,
             panic_in_forward: false,
+            params_dtype: DType::F32,
             num_attention_heads: None,
             max_position_embeddings: None,
             hidden_dropout: None,

@@ -97,7 +97,13 @@ impl MlpLm {
                 Some(s) => SplitMix64::new(config.seed, index as u64).normals(n, s),
                 None => vec![1.0; n], // norm weights start at 1
             };
-            let value = backend.from_host(HostBuffer::F32(values), &shape)?;
+            // Drawn in fp32 and rounded once into the half dtype (the fp32 path is unchanged).
+            let mut value = backend.from_host(HostBuffer::F32(values), &shape)?;
+            if config.params_dtype != DType::F32 {
+                let mut half = backend.zeros(&shape, config.params_dtype)?;
+                backend.cast(&value, &mut half)?;
+                value = half;
+            }
             let grad = backend.zeros(&shape, DType::F32)?;
             let layout = ParamLayout::replicated(&shape, shape.len() == 1);
             params.push(Param { name, value, grad, layout });
@@ -121,28 +127,29 @@ impl MlpLm {
         if let Some(bad) = tokens.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab_size) {
             bail!("swiglu-mlp-lm: token id {bad} is outside the vocabulary 0..{}", self.config.vocab_size);
         }
+        let dt = self.config.params_dtype; // activations: the parameter dtype
         let ids = be.from_host(HostBuffer::I32(tokens.to_vec()), &[n])?;
-        let mut x = be.zeros(&[n, h], DType::F32)?; // (N, H)
+        let mut x = be.zeros(&[n, h], dt)?; // (N, H)
         be.embedding_forward(&ids, &self.params[EMBEDDING].value, 0, &mut x, false)?;
         let mut blocks = Vec::with_capacity(self.config.num_layers);
         for l in 0..self.config.num_layers {
-            let mut normed = be.zeros(&[n, h], DType::F32)?; // (N, H)
+            let mut normed = be.zeros(&[n, h], dt)?; // (N, H)
             let mut rstd = be.zeros(&[n], DType::F32)?; // (N)
             be.rmsnorm_forward(&x, &self.params[block_norm(l)].value, eps, &mut normed, &mut rstd)?;
-            let mut fc1 = be.zeros(&[n, 2 * f], DType::F32)?; // (N, 2F)
+            let mut fc1 = be.zeros(&[n, 2 * f], dt)?; // (N, 2F)
             be.gemm(&normed, &self.params[block_fc1(l)].value, &mut fc1, GemmSpec::linear(n, 2 * f, h), None)?;
-            let mut act = be.zeros(&[n, f], DType::F32)?; // (N, F)
+            let mut act = be.zeros(&[n, f], dt)?; // (N, F)
             be.swiglu_forward(&fc1, &mut act)?;
-            let mut y = be.zeros(&[n, h], DType::F32)?; // (N, H)
+            let mut y = be.zeros(&[n, h], dt)?; // (N, H)
             be.gemm(&act, &self.params[block_fc2(l)].value, &mut y, GemmSpec::linear(n, h, f), None)?;
-            let mut next = be.zeros(&[n, h], DType::F32)?;
+            let mut next = be.zeros(&[n, h], dt)?;
             be.add(&x, &y, &mut next)?;
             blocks.push(BlockCache { x: std::mem::replace(&mut x, next), normed, rstd, fc1, act });
         }
-        let mut final_norm = be.zeros(&[n, h], DType::F32)?; // (N, H)
+        let mut final_norm = be.zeros(&[n, h], dt)?; // (N, H)
         let mut final_rstd = be.zeros(&[n], DType::F32)?; // (N)
         be.rmsnorm_forward(&x, &self.params[self.final_norm_index()].value, eps, &mut final_norm, &mut final_rstd)?;
-        let mut logits = be.zeros(&[n, v], DType::F32)?; // (N, Vp)
+        let mut logits = be.zeros(&[n, v], dt)?; // (N, Vp)
         be.gemm(&final_norm, &self.params[self.output_index()].value, &mut logits, GemmSpec::linear(n, v, h), None)?;
         let targets = be.from_host(HostBuffer::I32(targets.unwrap_or(tokens).to_vec()), &[n])?;
         let cache = Cache {
@@ -206,6 +213,7 @@ impl Model for MlpLm {
         let mut c = self.cache.take().context("swiglu-mlp-lm: backward without a training forward")?;
         let be = self.backend.clone();
         let (n, h, f, v) = (c.loss_mask.len(), self.config.hidden_size, self.config.ffn(), self.vocab);
+        let dt = self.config.params_dtype; // activation gradients: the parameter dtype
         let d_loss: Vec<f32> = c.loss_mask.iter().map(|m| m * grad_scale).collect();
         let d_loss = be.from_host(HostBuffer::F32(d_loss), &[n])?; // (N)
                                                                    // logits (N, Vp) becomes d_logits in place.
@@ -216,26 +224,26 @@ impl Model for MlpLm {
         let (out_index, norm_index) = (self.output_index(), self.final_norm_index());
         let out = &mut self.params[out_index];
         be.gemm(&c.logits, &c.final_norm, &mut out.grad, acc(v, h, n), None)?;
-        let mut d_final = be.zeros(&[n, h], DType::F32)?;
+        let mut d_final = be.zeros(&[n, h], dt)?;
         be.gemm(&c.logits, &out.value, &mut d_final, plain(n, h, v), None)?;
         let norm = &mut self.params[norm_index];
-        let mut d_x = be.zeros(&[n, h], DType::F32)?; // d loss / d x_l, walking down
+        let mut d_x = be.zeros(&[n, h], dt)?; // d loss / d x_l, walking down
         be.rmsnorm_backward(&d_final, &c.x_last, &norm.value, &c.final_rstd, &mut d_x, &mut norm.grad)?;
         for l in (0..self.config.num_layers).rev() {
             let b = &c.blocks[l];
             // fc2: dW2 += d_y^T · act; d_act = d_y · W2 (d_y = d_x through the residual).
             let fc2 = &mut self.params[block_fc2(l)];
             be.gemm(&d_x, &b.act, &mut fc2.grad, acc(h, f, n), None)?;
-            let mut d_act = be.zeros(&[n, f], DType::F32)?;
+            let mut d_act = be.zeros(&[n, f], dt)?;
             be.gemm(&d_x, &fc2.value, &mut d_act, plain(n, f, h), None)?;
-            let mut d_fc1 = be.zeros(&[n, 2 * f], DType::F32)?;
+            let mut d_fc1 = be.zeros(&[n, 2 * f], dt)?;
             be.swiglu_backward(&b.fc1, &d_act, &mut d_fc1)?;
             let fc1 = &mut self.params[block_fc1(l)];
             be.gemm(&d_fc1, &b.normed, &mut fc1.grad, acc(2 * f, h, n), None)?;
-            let mut d_normed = be.zeros(&[n, h], DType::F32)?;
+            let mut d_normed = be.zeros(&[n, h], dt)?;
             be.gemm(&d_fc1, &fc1.value, &mut d_normed, plain(n, h, 2 * f), None)?;
             let norm = &mut self.params[block_norm(l)];
-            let mut d_branch = be.zeros(&[n, h], DType::F32)?;
+            let mut d_branch = be.zeros(&[n, h], dt)?;
             be.rmsnorm_backward(&d_normed, &b.x, &norm.value, &b.rstd, &mut d_branch, &mut norm.grad)?;
             be.axpy(&mut d_x, 1.0, &d_branch)?; // residual: d x_l = d x_{l+1} + branch
         }
