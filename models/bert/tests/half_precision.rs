@@ -6,6 +6,8 @@
 //! erf GeLU (Hugging Face) layouts, with padding (3 rows of 8, 5 and 3 tokens) and a padded
 //! vocabulary.
 
+mod common;
+
 use megatron_bert::{BertBatch, BertConfig, BertModel, LayerNormPlacement};
 use megatron_core::{Backend, DType, Mode, ParallelContext};
 use megatron_cpu::CpuBackend;
@@ -32,26 +34,8 @@ fn config(placement: LayerNormPlacement, gelu_erf: bool) -> BertConfig {
     }
 }
 
-/// 3 rows of 8 positions with 8, 5 and 3 real tokens, a few masked positions per row.
 fn batch() -> BertBatch {
-    let (b, s) = (3, 8);
-    let lengths = vec![8, 5, 3];
-    let mut tokens = vec![0; b * s];
-    let mut types = vec![0; b * s];
-    let mut labels = vec![0; b * s];
-    let mut loss_mask = vec![0.0; b * s];
-    for (r, &len) in lengths.iter().enumerate() {
-        for t in 0..len {
-            let i = r * s + t;
-            tokens[i] = ((r * 7 + t * 13) % 50) as i32;
-            types[i] = (t >= len / 2) as i32;
-            if (t + r) % 3 == 1 {
-                labels[i] = ((r * 11 + t * 5 + 3) % 50) as i32;
-                loss_mask[i] = 1.0;
-            }
-        }
-    }
-    BertBatch { batch: b, seq: s, tokens, types, lengths, labels, loss_mask, is_random: vec![1, 0, 1], seed: 3 }
+    common::masked_batch(0, 3)
 }
 
 /// (lm loss, sop loss), concatenated gradients and the model after one microbatch.

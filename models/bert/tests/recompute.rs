@@ -4,6 +4,8 @@
 //! bit-identical to keeping the activations: dropout on, pre-LN and post-LN, fp32 and bf16,
 //! uniform 1 and 2, block 2, over 3 layers.
 
+mod common;
+
 use megatron_bert::{BertBatch, BertConfig, BertModel, LayerNormPlacement};
 use megatron_core::{Backend, DType, Mode, ParallelContext};
 use megatron_cpu::CpuBackend;
@@ -32,27 +34,9 @@ fn config(placement: LayerNormPlacement, dtype: DType) -> BertConfig {
     }
 }
 
-/// 3 rows of 8 positions with 8, 5 and 3 real tokens; `seed` varies tokens and dropout.
+/// `seed` varies tokens and dropout.
 fn batch(seed: u64) -> BertBatch {
-    let (b, s) = (3, 8);
-    let lengths = vec![8, 5, 3];
-    let k = seed as usize;
-    let mut tokens = vec![0; b * s];
-    let mut types = vec![0; b * s];
-    let mut labels = vec![0; b * s];
-    let mut loss_mask = vec![0.0; b * s];
-    for (r, &len) in lengths.iter().enumerate() {
-        for t in 0..len {
-            let i = r * s + t;
-            tokens[i] = ((r * 7 + t * 13 + k) % 50) as i32;
-            types[i] = (t >= len / 2) as i32;
-            if (t + r + k) % 3 == 1 {
-                labels[i] = ((r * 11 + t * 5 + 3) % 50) as i32;
-                loss_mask[i] = 1.0;
-            }
-        }
-    }
-    BertBatch { batch: b, seq: s, tokens, types, lengths, labels, loss_mask, is_random: vec![1, 0, 1], seed }
+    common::masked_batch(seed as usize, seed)
 }
 
 /// The losses of two microbatches and the accumulated gradients.
