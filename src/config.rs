@@ -78,13 +78,11 @@ impl TrainConfig {
                 a.seq_length
             ),
         );
-        need(a.context_parallel_size > 0, "--context-parallel-size must be >= 1".into());
         need(
-            !((a.bf16 || a.fp16) && (a.sequence_parallel || cp > 1)),
-            "--sequence-parallel and --context-parallel-size > 1 run in fp32 only for now: drop --bf16/--fp16 \
-             or the sequence/context parallelism"
-                .into(),
+            !((a.bf16 || a.fp16) && a.sequence_parallel),
+            "--sequence-parallel runs in fp32 only for now: drop --bf16/--fp16 or --sequence-parallel".into(),
         );
+        need(a.context_parallel_size > 0, "--context-parallel-size must be >= 1".into());
         need(
             cp == 1 || a.seq_length.is_multiple_of(2 * cp),
             format!(
@@ -93,6 +91,11 @@ impl TrainConfig {
                 a.seq_length,
                 2 * cp
             ),
+        );
+        need(
+            !((a.bf16 || a.fp16) && cp > 1),
+            "--context-parallel-size > 1 runs in fp32 only for now: drop --bf16/--fp16 or the context parallelism"
+                .into(),
         );
         need(
             cp == 1 || a.attention_dropout == 0.0,
