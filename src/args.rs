@@ -190,7 +190,8 @@ pub struct PretrainArgs {
     /// Context parallelism (SPEC §5.9): each sequence is cut into 2 x cp chunks, CP rank r keeps
     /// chunks r and 2cp-1-r (causal load balance) and the attention runs as a ring exchanging
     /// K/V blocks; dp = nproc / (tp x cp x pp). Needs --seq-length divisible by 2 x cp and
-    /// --attention-dropout 0. Example: `--nproc 2 --context-parallel-size 2 --attention-dropout 0`.
+    /// --attention-dropout 0. Works with --bf16/--fp16 (K/V blocks travel in the half type, the
+    /// partial outputs merge in fp32). Example: `--nproc 2 --context-parallel-size 2 --attention-dropout 0`.
     #[arg(long, default_value_t = 1)]
     pub context_parallel_size: usize,
     /// Ranks to run as threads of this process (`local` communicator); dp = N / (tp x cp x pp).

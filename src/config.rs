@@ -93,11 +93,6 @@ impl TrainConfig {
             ),
         );
         need(
-            !((a.bf16 || a.fp16) && cp > 1),
-            "--context-parallel-size > 1 runs in fp32 only for now: drop --bf16/--fp16 or the context parallelism"
-                .into(),
-        );
-        need(
             cp == 1 || a.attention_dropout == 0.0,
             "--context-parallel-size > 1 runs the ring attention without attention dropout: pass \
              --attention-dropout 0"

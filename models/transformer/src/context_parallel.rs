@@ -15,9 +15,16 @@
 //! (`tests/ring_attention.rs`); the ops against their f64 reference and finite differences in
 //! the cpu backend's tests.
 //!
+//! In bf16/fp16 the activations (`qkv`, `out`, their gradients) are half; the K/V blocks
+//! travel the ring in that dtype and are widened exactly for the f32 block ops, the partial
+//! outputs are merged with their log-sum-exp in f32 and every result is rounded once (see
+//! [`ring_attention_forward`] / [`ring_attention_backward`] for where and why).
+//!
 //! Layouts are the backend attention's: `qkv (B, Tl, heads, 3, hd)`, `out (B, Tl, heads·hd)`,
 //! `lse (B, heads, Tl)` with `Tl = T/cp` local tokens in local order (chunk `r`, then chunk
 //! `2cp−1−r`).
+
+mod host;
 
 use anyhow::{bail, Context, Result};
 use megatron_core::{
@@ -124,32 +131,51 @@ fn neighbours(ctx: &ParallelContext) -> Result<(usize, usize, usize)> {
     Ok((me, g.ranks[(me + 1) % n], g.ranks[(me + n - 1) % n]))
 }
 
-/// Sends `buf` to `next` and receives the same-sized buffer from `prev` over the CP group
-/// (the communicator buffers sends, so send-then-receive cannot deadlock the ring).
-fn ring_shift(bk: &dyn Backend, ctx: &ParallelContext, buf: &[f32], next: usize, prev: usize) -> Result<Vec<f32>> {
-    let t = bk.from_host(HostBuffer::F32(buf.to_vec()), &[buf.len()])?;
-    ctx.comm.send(&ctx.cp_group, &t, next).context("context-parallel ring send of a K/V block")?;
-    let mut r = bk.zeros(&[buf.len()], DType::F32)?;
-    ctx.comm.recv(&ctx.cp_group, &mut r, prev).context("context-parallel ring receive of a K/V block")?;
-    Ok(bk.to_host(&r)?.to_f32_vec())
+/// Sends `buf` to `next` and receives the same-sized buffer of the same dtype from `prev` over
+/// the CP group (the communicator buffers sends, so send-then-receive cannot deadlock the ring).
+fn ring_shift(
+    bk: &dyn Backend,
+    ctx: &ParallelContext,
+    buf: HostBuffer,
+    next: usize,
+    prev: usize,
+    what: &str,
+) -> Result<HostBuffer> {
+    let (len, dtype) = (buf.len(), buf.dtype());
+    let t = bk.from_host(buf, &[len])?;
+    ctx.comm.send(&ctx.cp_group, &t, next).with_context(|| format!("context-parallel ring send of {what}"))?;
+    let mut r = bk.zeros(&[len], dtype)?;
+    ctx.comm.recv(&ctx.cp_group, &mut r, prev).with_context(|| format!("context-parallel ring receive of {what}"))?;
+    bk.to_host(&r)
 }
 
-/// `q` and `[k; v]` of the local qkv, each `(B, Tl, heads, hd)`.
-fn split_qkv(dm: &Dims, qkv: &[f32]) -> (Vec<f32>, Vec<f32>) {
+/// `q` (widened to f32) and `[k; v]` (in the activations' dtype: what travels the ring) of the
+/// local `qkv`, each `(B, Tl, heads, hd)`.
+fn split_qkv(dm: &Dims, qkv: &HostBuffer) -> Result<(Vec<f32>, HostBuffer)> {
     let n = dm.n();
-    let (mut q, mut kv) = (vec![0.0f32; n], vec![0.0f32; 2 * n]);
+    let (mut q, mut kv) = (Vec::with_capacity(n), vec![0usize; 2 * n]);
     for b in 0..dm.b {
         for t in 0..dm.tl {
             for h in 0..dm.h {
                 for e in 0..dm.d {
-                    q[dm.row(b, t, h, e)] = qkv[dm.qkv(b, t, h, 0, e)];
-                    kv[dm.row(b, t, h, e)] = qkv[dm.qkv(b, t, h, 1, e)];
-                    kv[n + dm.row(b, t, h, e)] = qkv[dm.qkv(b, t, h, 2, e)];
+                    q.push(dm.qkv(b, t, h, 0, e));
+                    kv[dm.row(b, t, h, e)] = dm.qkv(b, t, h, 1, e);
+                    kv[n + dm.row(b, t, h, e)] = dm.qkv(b, t, h, 2, e);
                 }
             }
         }
     }
-    (q, kv)
+    Ok((host::pick(qkv, &q)?.to_f32_vec(), host::pick(qkv, &kv)?))
+}
+
+/// The f32 result `x` in `dtype`: itself for f32, else rounded once (`Backend::cast`).
+fn round_to(bk: &dyn Backend, x: DeviceTensor, dtype: DType) -> Result<DeviceTensor> {
+    if dtype == DType::F32 {
+        return Ok(x);
+    }
+    let mut t = bk.zeros(x.shape(), dtype)?;
+    bk.cast(&x, &mut t)?;
+    Ok(t)
 }
 
 /// The int32 global positions of CP rank `rank`'s local tokens (a `(Tl)` tensor).
@@ -167,6 +193,12 @@ fn rows(bk: &dyn Backend, dm: &Dims, x: &[f32]) -> Result<DeviceTensor> {
 /// of the CP group: writes `out (B, Tl, heads·hd)` and `lse (B, heads, Tl)`. Each step is the
 /// backend's block attention of the local queries to the K/V block held, merged into the
 /// running output by log-sum-exp (`Backend::attention_block_forward`, `attention_lse_merge`).
+///
+/// Precision: `qkv` and `out` may be bf16/fp16 (the model's activations); `lse` is f32. The
+/// K/V blocks travel in the activations' dtype (Megatron's: half the bytes of fp32); each is
+/// widened exactly to f32 for the f32 block op, the partial outputs and their log-sum-exp are
+/// merged in f32, and the merged output is rounded once into `out` — the rounding the
+/// single-rank half attention does.
 pub fn ring_attention_forward(
     bk: &dyn Backend,
     ctx: &ParallelContext,
@@ -177,7 +209,7 @@ pub fn ring_attention_forward(
 ) -> Result<()> {
     let dm = Dims::new(ctx, &spec)?;
     let (me, next, prev) = neighbours(ctx)?;
-    let (q, mut kv) = split_qkv(&dm, &bk.to_host(qkv)?.to_f32_vec());
+    let (q, mut kv) = split_qkv(&dm, &bk.to_host(qkv)?)?;
     let n = dm.n();
     let (bs, q_t, q_pos) = (dm.block_spec(), rows(bk, &dm, &q)?, positions(bk, &dm, me)?);
     let stats = dm.b * dm.h * dm.tl;
@@ -187,18 +219,20 @@ pub fn ring_attention_forward(
     let mut block_lse = bk.zeros(&[dm.b, dm.h, dm.tl], DType::F32)?;
     for step in 0..dm.cp {
         let owner = (me + dm.cp - step) % dm.cp; // whose K/V block this rank holds now
-        let (k, v) = (rows(bk, &dm, &kv[..n])?, rows(bk, &dm, &kv[n..])?);
+        let kv32 = kv.to_f32_vec(); // exact: every half value is an f32
+        let (k, v) = (rows(bk, &dm, &kv32[..n])?, rows(bk, &dm, &kv32[n..])?);
         let k_pos = positions(bk, &dm, owner)?;
         bk.attention_block_forward(&q_t, &k, &v, &q_pos, &k_pos, &mut block_o, &mut block_lse, bs)
             .context("context-parallel ring attention block")?;
         bk.attention_lse_merge(&mut o, &mut m, &block_o, &block_lse, bs)?;
         if step + 1 < dm.cp {
-            kv = ring_shift(bk, ctx, &kv, next, prev)?;
+            kv = ring_shift(bk, ctx, kv, next, prev, "a K/V block")?;
         }
     }
     o.reshape(out.shape())?;
     m.reshape(lse.shape())?;
-    (*out, *lse) = (o, m);
+    *out = round_to(bk, o, out.dtype())?;
+    *lse = m;
     Ok(())
 }
 
@@ -206,6 +240,16 @@ pub fn ring_attention_forward(
 /// `d_out (B, Tl, heads·hd)`, the forward's `out` and `lse`. Each K/V block goes round the
 /// ring again with its accumulating `dK`/`dV` (`Backend::attention_block_backward` with the
 /// final `lse` and `delta = Σ dO·O`), which travel home with it at the end.
+///
+/// Precision (bf16/fp16 `d_out`, `qkv`, `out`, `d_qkv`): the K/V blocks travel in the
+/// activations' dtype as in the forward, but their `dK`/`dV` travel and accumulate in f32 and
+/// are rounded once, in `d_qkv`. Rounding them to half at every hop would add `cp − 1`
+/// roundings of a partial sum (each up to half an ulp of the running total, bf16: 2^-9) that the
+/// single-rank half attention does not make — it sums a key's gradient over all queries in f32
+/// and rounds once — so the ring keeps exactly that: the same one rounding, only the f32
+/// summation order differs. The cost is ring traffic: `dK`/`dV` at 4 bytes, K/V at 2
+/// (backward sends 12 bytes per K/V element pair instead of fp32's 16). `dQ` stays on the rank
+/// and is accumulated by the block op in f32, rounded once too.
 #[allow(clippy::too_many_arguments)] // the backend attention backward's arguments plus the CP context
 pub fn ring_attention_backward(
     bk: &dyn Backend,
@@ -219,10 +263,11 @@ pub fn ring_attention_backward(
 ) -> Result<()> {
     let dm = Dims::new(ctx, &spec)?;
     let (me, next, prev) = neighbours(ctx)?;
-    let (q, kv) = split_qkv(&dm, &bk.to_host(qkv)?.to_f32_vec());
+    let (q, mut kv) = split_qkv(&dm, &bk.to_host(qkv)?)?;
     let (d_o, o) = (bk.to_host(d_out)?.to_f32_vec(), bk.to_host(out)?.to_f32_vec());
     let n = dm.n();
-    // delta_i = dO_i · O_i (the softmax backward's row term), (B, heads, Tl).
+    // delta_i = dO_i · O_i (the softmax backward's row term, from the stored, possibly rounded,
+    // output as the single-rank kernel does), (B, heads, Tl).
     let mut delta = vec![0.0f32; dm.b * dm.h * dm.tl];
     for b in 0..dm.b {
         for h in 0..dm.h {
@@ -234,24 +279,27 @@ pub fn ring_attention_backward(
     let delta = bk.from_host(HostBuffer::F32(delta), &[dm.b, dm.h, dm.tl])?;
     let (bs, q_t, d_o, q_pos) = (dm.block_spec(), rows(bk, &dm, &q)?, rows(bk, &dm, &d_o)?, positions(bk, &dm, me)?);
     let mut dq = bk.zeros(&[dm.b, dm.tl, dm.h, dm.d], DType::F32)?;
-    // [k; v; dk; dv] of the block this rank holds.
-    let mut blk = kv;
-    blk.resize(4 * n, 0.0);
+    // [dk; dv] (f32) of the block this rank holds.
+    let mut dkv = vec![0.0f32; 2 * n];
     for step in 0..dm.cp {
         let owner = (me + dm.cp - step) % dm.cp;
-        let (k, v) = (rows(bk, &dm, &blk[..n])?, rows(bk, &dm, &blk[n..2 * n])?);
-        let (mut dk, mut dv) = (rows(bk, &dm, &blk[2 * n..3 * n])?, rows(bk, &dm, &blk[3 * n..])?);
+        let kv32 = kv.to_f32_vec();
+        let (k, v) = (rows(bk, &dm, &kv32[..n])?, rows(bk, &dm, &kv32[n..])?);
+        let (mut dk, mut dv) = (rows(bk, &dm, &dkv[..n])?, rows(bk, &dm, &dkv[n..])?);
         let k_pos = positions(bk, &dm, owner)?;
         bk.attention_block_backward(&d_o, &q_t, &k, &v, &q_pos, &k_pos, lse, &delta, &mut dq, &mut dk, &mut dv, bs)
             .context("context-parallel ring attention block backward")?;
-        blk[2 * n..3 * n].copy_from_slice(&bk.to_host(&dk)?.to_f32_vec());
-        blk[3 * n..].copy_from_slice(&bk.to_host(&dv)?.to_f32_vec());
+        dkv[..n].copy_from_slice(&bk.to_host(&dk)?.to_f32_vec());
+        dkv[n..].copy_from_slice(&bk.to_host(&dv)?.to_f32_vec());
         if step + 1 < dm.cp {
-            blk = ring_shift(bk, ctx, &blk, next, prev)?;
+            kv = ring_shift(bk, ctx, kv, next, prev, "a K/V block")?;
+            dkv = ring_shift(bk, ctx, HostBuffer::F32(dkv), next, prev, "a dK/dV block")?.to_f32_vec();
         }
     }
     // The block held now belongs to the next rank: send its dK/dV home, receive ours.
-    let dkv = if dm.cp > 1 { ring_shift(bk, ctx, &blk[2 * n..], next, prev)? } else { blk[2 * n..].to_vec() };
+    if dm.cp > 1 {
+        dkv = ring_shift(bk, ctx, HostBuffer::F32(dkv), next, prev, "a finished dK/dV block")?.to_f32_vec();
+    }
     let dq = bk.to_host(&dq)?.to_f32_vec();
     let mut d = vec![0.0f32; 3 * n];
     for b in 0..dm.b {
@@ -266,7 +314,8 @@ pub fn ring_attention_backward(
             }
         }
     }
-    *d_qkv = bk.from_host(HostBuffer::F32(d), d_qkv.shape())?;
+    let d = bk.from_host(HostBuffer::F32(d), d_qkv.shape())?;
+    *d_qkv = round_to(bk, d, d_qkv.dtype())?;
     Ok(())
 }
 
@@ -296,12 +345,12 @@ pub fn rotary_context_parallel_scaled(
     let (cp, rank, tl) = (ctx.cp_group.size(), ctx.cp_rank, spec.seq);
     let chunk = tl / 2;
     let width = qkv.numel() / (spec.batch * tl).max(1);
-    let mut host = bk.to_host(qkv)?.to_f32_vec();
+    let mut host = bk.to_host(qkv)?; // in the activations' dtype: the rotation rounds once, as unsplit
     for b in 0..spec.batch {
         for c in 0..2 {
             let start = (b * tl + c * chunk) * width;
-            let block = &mut host[start..start + chunk * width];
-            let mut t = bk.from_host(HostBuffer::F32(block.to_vec()), &[1, chunk, width])?;
+            let block = host::slice(&host, start..start + chunk * width)?;
+            let mut t = bk.from_host(block, &[1, chunk, width])?;
             let offset = global_position(c * chunk, tl, cp, rank);
             bk.rotary_scaled(
                 &mut t,
@@ -309,9 +358,9 @@ pub fn rotary_context_parallel_scaled(
                 scaling,
                 inverse,
             )?;
-            block.copy_from_slice(&bk.to_host(&t)?.to_f32_vec());
+            host::write(&mut host, start, &bk.to_host(&t)?)?;
         }
     }
-    *qkv = bk.from_host(HostBuffer::F32(host), qkv.shape())?;
+    *qkv = bk.from_host(host, qkv.shape())?;
     Ok(())
 }
