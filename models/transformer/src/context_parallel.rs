@@ -244,7 +244,7 @@ pub fn ring_attention_forward(
 /// Precision (bf16/fp16 `d_out`, `qkv`, `out`, `d_qkv`): the K/V blocks travel in the
 /// activations' dtype as in the forward, but their `dK`/`dV` travel and accumulate in f32 and
 /// are rounded once, in `d_qkv`. Rounding them to half at every hop would add `cp − 1`
-/// roundings of a partial sum (each up to half an ulp of the running total, bf16: 2^-9) that the
+/// roundings of a partial sum (each up to u of the running total, bf16 u = 2^-8) that the
 /// single-rank half attention does not make — it sums a key's gradient over all queries in f32
 /// and rounds once — so the ring keeps exactly that: the same one rounding, only the f32
 /// summation order differs. The cost is ring traffic: `dK`/`dV` at 4 bytes, K/V at 2
