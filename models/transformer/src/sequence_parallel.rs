@@ -53,9 +53,12 @@ pub fn reduce_scatter_to_sp_region(ctx: &ParallelContext, full: &DeviceTensor, s
         .context("sequence-parallel reduce-scatter over the TP group")
 }
 
-/// A zero `(rows, cols)` f32 temporary (the gathered tensors live only inside one call).
-fn temp(backend: &dyn Backend, rows: usize, cols: usize) -> Result<DeviceTensor> {
-    backend.zeros(&[rows, cols], DType::F32)
+/// A zero `(rows, cols)` temporary in `dtype` (the gathered tensors live only inside one
+/// call). It always takes the dtype of the shard it is gathered from or scattered into, so
+/// the collectives move the model's activation dtype (bf16/fp16 in a half model, fp32 with
+/// `--fp32-residual-connection` for the residual stream), as Megatron's do.
+fn temp(backend: &dyn Backend, rows: usize, cols: usize, dtype: DType) -> Result<DeviceTensor> {
+    backend.zeros(&[rows, cols], dtype)
 }
 
 /// Parameters replicated over TP whose gradient is computed from this rank's token shard
@@ -95,7 +98,7 @@ impl SequenceParallelColumnLinear {
 
     fn gather(&self, x: &DeviceTensor) -> Result<DeviceTensor> {
         let cols = self.inner.weight.value.shape()[1];
-        let mut full = temp(self.backend.as_ref(), x.numel() / cols.max(1) * self.ctx.tp_size(), cols)?;
+        let mut full = temp(self.backend.as_ref(), x.numel() / cols.max(1) * self.ctx.tp_size(), cols, x.dtype())?;
         gather_from_sp_region(&self.ctx, x, &mut full)?;
         Ok(full)
     }
@@ -115,7 +118,7 @@ impl LinearLayer for SequenceParallelColumnLinear {
         let d_b = self.inner.bias.as_mut().map(|b| &mut b.grad);
         match d_x {
             Some(d_x) => {
-                let mut d_full = temp(bk, full.shape()[0], full.shape()[1])?; // (N, in)
+                let mut d_full = temp(bk, full.shape()[0], full.shape()[1], d_x.dtype())?; // (N, in)
                 linear_backward(bk, &full, &w.value, d_out, Some(&mut d_full), &mut w.grad, d_b)?;
                 reduce_scatter_to_sp_region(&self.ctx, &d_full, d_x)
             }
@@ -163,7 +166,10 @@ impl LinearLayer for SequenceParallelRowLinear {
         let bk = self.backend.as_ref();
         let n_out = self.inner.weight.value.shape()[0];
         let rows = out.numel() / n_out.max(1);
-        let mut partial = temp(bk, rows * self.ctx.tp_size(), n_out)?; // (N, out)
+        // The partial sums are rounded into the output's dtype before the reduce-scatter, as the
+        // non-SP row-parallel layer rounds them before its all-reduce (the communicator then
+        // adds the half partials in fp32 and rounds once).
+        let mut partial = temp(bk, rows * self.ctx.tp_size(), n_out, out.dtype())?; // (N, out)
         linear_forward(bk, x, &self.inner.weight.value, None, &mut partial)?;
         reduce_scatter_to_sp_region(&self.ctx, &partial, out)?;
         if let Some(bias) = self.inner.bias.as_ref() {
@@ -179,7 +185,7 @@ impl LinearLayer for SequenceParallelRowLinear {
     fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: Option<&mut DeviceTensor>) -> Result<()> {
         let bk = self.backend.as_ref();
         let n_out = self.inner.weight.value.shape()[0];
-        let mut d_full = temp(bk, d_out.numel() / n_out.max(1) * self.ctx.tp_size(), n_out)?; // (N, out)
+        let mut d_full = temp(bk, d_out.numel() / n_out.max(1) * self.ctx.tp_size(), n_out, d_out.dtype())?; // (N, out)
         gather_from_sp_region(&self.ctx, d_out, &mut d_full)?;
         let w = &mut self.inner.weight;
         linear_backward(bk, x, &w.value, &d_full, d_x, &mut w.grad, None)?;
