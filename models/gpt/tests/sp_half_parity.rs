@@ -15,7 +15,7 @@ mod common;
 
 use common::*;
 use megatron_comm_local::LocalCommunicator;
-use megatron_core::{Batch, DType, LossReport, Mode, Model, ParallelContext, RankGrid};
+use megatron_core::{Batch, DType, HostBuffer, LossReport, Mode, Model, ParallelContext, RankGrid};
 use megatron_gpt::{GptConfig, GptModel};
 
 /// One rank's loss and `(name, tp_axis, grad)` of every parameter.
@@ -24,6 +24,16 @@ type Grads = (LossReport, Vec<(String, Option<usize>, Vec<f32>)>);
 fn run(config: GptConfig, ctx: ParallelContext, batch: &Batch) -> Grads {
     let mut model = GptModel::new(config, backend(), ctx).unwrap();
     let bk = model.backend();
+    // Biases and norm weights start at 0 / 1; move them off their init (the same on both
+    // layouts; replicated ones equal on every rank, split ones by their rank and local index)
+    // so a dropped bias or a norm applied to the wrong rows changes the loss.
+    for p in model.params_mut().into_iter().filter(|p| p.value.shape().len() == 1) {
+        let rank = if p.layout.tp_axis.is_some() { p.layout.tp_rank } else { 0 };
+        let mut v = bk.to_host(&p.value).unwrap().to_f32_vec();
+        v.iter_mut().enumerate().for_each(|(i, x)| *x += 0.05 * ((i * 7 + rank * 3) % 11) as f32 - 0.25);
+        let wide = bk.from_host(HostBuffer::F32(v), p.value.shape()).unwrap();
+        bk.cast(&wide, &mut p.value).unwrap();
+    }
     model.zero_grad().unwrap();
     let report = model.forward(batch, Mode::Train).unwrap();
     model.backward(1.0).unwrap();
