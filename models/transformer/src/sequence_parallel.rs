@@ -17,6 +17,16 @@
 //! never saved activations. The bias of a row-parallel layer is added on the shard after the
 //! reduce-scatter, so its gradient (like the norms') is partial on each rank and is summed over
 //! TP in the gradient finalize (SPEC §5.10 step 2, [`is_sequence_parallel_param`]).
+//!
+//! Precision (`--bf16` / `--fp16`). Every gathered or reduce-scattered temporary takes the
+//! dtype of the shard it comes from or goes to, so the collectives move the model's dtype, as
+//! Megatron's do (fp32 for the residual stream under `--fp32-residual-connection`). The
+//! row-parallel partial sums are rounded to that dtype before the reduce-scatter, where the
+//! plain row-parallel layer rounds them before its all-reduce, and the communicator adds half
+//! inputs in fp32 and rounds once for both collectives: a sequence-parallel step is the plain
+//! TP step's arithmetic, bit for bit, except the fp32 summation order of the replicated
+//! parameters' gradients (models/gpt/tests/sp_half_parity.rs). Reducing in fp32 here would be
+//! slightly more accurate but would make SP differ from plain TP; we keep Megatron's placement.
 
 use crate::init::ModuleBuilder;
 use crate::linear::{
