@@ -183,8 +183,9 @@ pub struct PretrainArgs {
     pub microbatch_group_size_per_virtual_pipeline_stage: Option<usize>,
     /// Sequence parallelism (SPEC §5.3, needs --tensor-model-parallel-size > 1): norms,
     /// dropouts and residuals keep only this rank's 1/tp of the tokens; the TP all-reduces
-    /// become all-gather / reduce-scatter pairs. Same losses, less activation memory. Example:
-    /// `--nproc 2 --tensor-model-parallel-size 2 --sequence-parallel`.
+    /// become all-gather / reduce-scatter pairs. Same losses, less activation memory. Works in
+    /// fp32, --bf16 and --fp16 (the collectives move the model's dtype). Example:
+    /// `--nproc 2 --tensor-model-parallel-size 2 --sequence-parallel --bf16`.
     #[arg(long)]
     pub sequence_parallel: bool,
     /// Context parallelism (SPEC §5.9): each sequence is cut into 2 x cp chunks, CP rank r keeps

@@ -78,10 +78,6 @@ impl TrainConfig {
                 a.seq_length
             ),
         );
-        need(
-            !((a.bf16 || a.fp16) && a.sequence_parallel),
-            "--sequence-parallel runs in fp32 only for now: drop --bf16/--fp16 or --sequence-parallel".into(),
-        );
         need(a.context_parallel_size > 0, "--context-parallel-size must be >= 1".into());
         need(
             cp == 1 || a.seq_length.is_multiple_of(2 * cp),

@@ -3,8 +3,9 @@
 //! stream, norm outputs and statistics, qkv, context, log-sum-exp, MLP activations), for a GPT
 //! of the given shape under tensor / sequence / context parallelism (ranks as threads).
 //!
-//! `cargo run --release -p megatron-gpt --example activation_memory -- LAYERS SEQ MBS TP CP SP`
-//! e.g. `-- 12 1024 1 2 1 1` is GPT-2 124M at seq 1024, tp2 with sequence parallelism.
+//! `cargo run --release -p megatron-gpt --example activation_memory -- LAYERS SEQ MBS TP CP SP [DTYPE]`
+//! e.g. `-- 12 1024 1 2 1 1` is GPT-2 124M at seq 1024, tp2 with sequence parallelism; DTYPE is
+//! `fp32` (default), `bf16` or `fp16` (the `--bf16` / `--fp16` model: half activations).
 //! Prints one line per rank; scripts/sp_cp_memory.sh runs the comparisons.
 
 use megatron_comm_local::LocalCommunicator;
@@ -14,15 +15,28 @@ use megatron_gpt::{GptConfig, GptModel};
 use std::sync::Arc;
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>()?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: activation_memory LAYERS SEQ MBS TP CP SP(0|1) [fp32|bf16|fp16]";
+    let dtype = match args.len() {
+        7 => match args.pop().as_deref() {
+            Some("fp32") => megatron_core::DType::F32,
+            Some("bf16") => megatron_core::DType::BF16,
+            Some("fp16") => megatron_core::DType::F16,
+            _ => anyhow::bail!("{usage}"),
+        },
+        6 => megatron_core::DType::F32,
+        _ => anyhow::bail!("{usage}"),
+    };
+    let args: Vec<usize> = args.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
     let [layers, seq, mbs, tp, cp, sp] = args[..] else {
-        anyhow::bail!("usage: activation_memory LAYERS SEQ MBS TP CP SP(0|1)");
+        anyhow::bail!("{usage}");
     };
     let mut c = GptConfig::new(layers, 768, 12, seq, 50257);
     c.max_position_embeddings = seq;
     c.hidden_dropout = 0.0;
     c.attention_dropout = 0.0;
     c.sequence_parallel = sp == 1;
+    c.params_dtype = dtype;
     let n = mbs * seq;
     let tokens: Vec<i32> = (0..n).map(|i| (i * 7919 % 50257) as i32).collect();
     let batch = Batch {
@@ -59,7 +73,7 @@ fn main() -> anyhow::Result<()> {
             .collect();
         handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
     });
-    println!("layers {layers} seq {seq} mbs {mbs} tp {tp} cp {cp} sp {sp}");
+    println!("layers {layers} seq {seq} mbs {mbs} tp {tp} cp {cp} sp {sp} dtype {dtype}");
     for l in lines {
         println!("  {}", l?);
     }

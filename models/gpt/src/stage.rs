@@ -10,7 +10,7 @@
 use crate::context_parallel::local_batch;
 use crate::model::GptModel;
 use anyhow::{bail, Context, Result};
-use megatron_core::{Batch, DType, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
+use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, ReduceOp, StageOutput};
 use megatron_transformer::sequence_parallel::{gather_from_sp_region, reduce_scatter_to_sp_region};
 use megatron_transformer::step::{copy_any, ensure_buffer};
 use megatron_transformer::tp_mappings::{copy_to_tp_region_backward, copy_to_tp_region_forward};
@@ -25,7 +25,7 @@ fn gather_lm_input(
     step: &StepInfo,
 ) -> Result<DeviceTensor> {
     let cols = x.shape().last().copied().unwrap_or(0);
-    let mut full = bk.zeros(&[step.tokens(), cols], DType::F32)?;
+    let mut full = bk.zeros(&[step.tokens(), cols], x.dtype())?; // the final norm's dtype
     gather_from_sp_region(ctx, x, &mut full)?;
     Ok(full)
 }
@@ -239,7 +239,7 @@ impl GptModel {
                 // SP: gather the input again; the (N, C) input gradient is reduce-scattered
                 // back to this rank's token shard.
                 let full = gather_lm_input(bk, &self.ctx, x, &step)?;
-                let mut d_full = bk.zeros(full.shape(), DType::F32)?; // (N, C)
+                let mut d_full = bk.zeros(full.shape(), self.d_hidden.dtype())?; // (N, C)
                 linear_backward(bk, &full, &w.value, &self.logits, Some(&mut d_full), &mut w.grad, None)?;
                 reduce_scatter_to_sp_region(&self.ctx, &d_full, &mut self.d_hidden)?;
             } else {

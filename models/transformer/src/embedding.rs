@@ -171,7 +171,9 @@ impl LanguageModelEmbedding {
     fn forward_sequence_parallel(&mut self, ids: &DeviceTensor, out: &mut DeviceTensor, step: &StepInfo) -> Result<()> {
         let bk = self.backend.as_ref();
         let table = &self.word_embeddings.weight.value;
-        let mut full = bk.zeros(&[step.tokens(), table.shape()[1]], DType::F32)?; // (N, C) partial
+        // (N, C) partials in the output's dtype (the half residual stream, or fp32 with
+        // --fp32-residual-connection), as the non-SP lookup writes into that output directly.
+        let mut full = bk.zeros(&[step.tokens(), table.shape()[1]], out.dtype())?; // (N, C) partial
         bk.embedding_forward(ids, table, self.word_embeddings.vocab_range().0, &mut full, false)?;
         if let (Some(pos), 0) = (&self.position_embeddings, self.ctx.tp_rank) {
             bk.embedding_forward(&self.position_ids, &pos.value, 0, &mut full, true)?;
@@ -190,7 +192,7 @@ impl LanguageModelEmbedding {
         let sp = Some(self.ctx.tp_rank);
         hidden_dropout_in(bk.as_ref(), &mut self.d_embedding, self.dropout, 0, DropoutSite::Embedding, step, sp)?;
         let cols = self.word_embeddings.weight.value.shape()[1];
-        let mut full = bk.zeros(&[step.tokens(), cols], DType::F32)?; // (N, C)
+        let mut full = bk.zeros(&[step.tokens(), cols], self.d_embedding.dtype())?; // (N, C)
         gather_from_sp_region(&self.ctx, &self.d_embedding, &mut full)?;
         if let Some(pos) = self.position_embeddings.as_mut() {
             bk.embedding_backward(&self.position_ids, &full, 0, &mut pos.grad)?;

@@ -17,6 +17,16 @@
 //! never saved activations. The bias of a row-parallel layer is added on the shard after the
 //! reduce-scatter, so its gradient (like the norms') is partial on each rank and is summed over
 //! TP in the gradient finalize (SPEC §5.10 step 2, [`is_sequence_parallel_param`]).
+//!
+//! Precision (`--bf16` / `--fp16`). Every gathered or reduce-scattered temporary takes the
+//! dtype of the shard it comes from or goes to, so the collectives move the model's dtype, as
+//! Megatron's do (fp32 for the residual stream under `--fp32-residual-connection`). The
+//! row-parallel partial sums are rounded to that dtype before the reduce-scatter, where the
+//! plain row-parallel layer rounds them before its all-reduce, and the communicator adds half
+//! inputs in fp32 and rounds once for both collectives: a sequence-parallel step is the plain
+//! TP step's arithmetic, bit for bit, except the fp32 summation order of the replicated
+//! parameters' gradients (models/gpt/tests/sp_half_parity.rs). Reducing in fp32 here would be
+//! slightly more accurate but would make SP differ from plain TP; we keep Megatron's placement.
 
 use crate::init::ModuleBuilder;
 use crate::linear::{
@@ -53,9 +63,12 @@ pub fn reduce_scatter_to_sp_region(ctx: &ParallelContext, full: &DeviceTensor, s
         .context("sequence-parallel reduce-scatter over the TP group")
 }
 
-/// A zero `(rows, cols)` f32 temporary (the gathered tensors live only inside one call).
-fn temp(backend: &dyn Backend, rows: usize, cols: usize) -> Result<DeviceTensor> {
-    backend.zeros(&[rows, cols], DType::F32)
+/// A zero `(rows, cols)` temporary in `dtype` (the gathered tensors live only inside one
+/// call). It always takes the dtype of the shard it is gathered from or scattered into, so
+/// the collectives move the model's activation dtype (bf16/fp16 in a half model, fp32 with
+/// `--fp32-residual-connection` for the residual stream), as Megatron's do.
+fn temp(backend: &dyn Backend, rows: usize, cols: usize, dtype: DType) -> Result<DeviceTensor> {
+    backend.zeros(&[rows, cols], dtype)
 }
 
 /// Parameters replicated over TP whose gradient is computed from this rank's token shard
@@ -95,7 +108,7 @@ impl SequenceParallelColumnLinear {
 
     fn gather(&self, x: &DeviceTensor) -> Result<DeviceTensor> {
         let cols = self.inner.weight.value.shape()[1];
-        let mut full = temp(self.backend.as_ref(), x.numel() / cols.max(1) * self.ctx.tp_size(), cols)?;
+        let mut full = temp(self.backend.as_ref(), x.numel() / cols.max(1) * self.ctx.tp_size(), cols, x.dtype())?;
         gather_from_sp_region(&self.ctx, x, &mut full)?;
         Ok(full)
     }
@@ -115,7 +128,7 @@ impl LinearLayer for SequenceParallelColumnLinear {
         let d_b = self.inner.bias.as_mut().map(|b| &mut b.grad);
         match d_x {
             Some(d_x) => {
-                let mut d_full = temp(bk, full.shape()[0], full.shape()[1])?; // (N, in)
+                let mut d_full = temp(bk, full.shape()[0], full.shape()[1], d_x.dtype())?; // (N, in)
                 linear_backward(bk, &full, &w.value, d_out, Some(&mut d_full), &mut w.grad, d_b)?;
                 reduce_scatter_to_sp_region(&self.ctx, &d_full, d_x)
             }
@@ -163,7 +176,10 @@ impl LinearLayer for SequenceParallelRowLinear {
         let bk = self.backend.as_ref();
         let n_out = self.inner.weight.value.shape()[0];
         let rows = out.numel() / n_out.max(1);
-        let mut partial = temp(bk, rows * self.ctx.tp_size(), n_out)?; // (N, out)
+        // The partial sums are rounded into the output's dtype before the reduce-scatter, as the
+        // non-SP row-parallel layer rounds them before its all-reduce (the communicator then
+        // adds the half partials in fp32 and rounds once).
+        let mut partial = temp(bk, rows * self.ctx.tp_size(), n_out, out.dtype())?; // (N, out)
         linear_forward(bk, x, &self.inner.weight.value, None, &mut partial)?;
         reduce_scatter_to_sp_region(&self.ctx, &partial, out)?;
         if let Some(bias) = self.inner.bias.as_ref() {
@@ -179,7 +195,7 @@ impl LinearLayer for SequenceParallelRowLinear {
     fn backward(&mut self, x: &DeviceTensor, d_out: &DeviceTensor, d_x: Option<&mut DeviceTensor>) -> Result<()> {
         let bk = self.backend.as_ref();
         let n_out = self.inner.weight.value.shape()[0];
-        let mut d_full = temp(bk, d_out.numel() / n_out.max(1) * self.ctx.tp_size(), n_out)?; // (N, out)
+        let mut d_full = temp(bk, d_out.numel() / n_out.max(1) * self.ctx.tp_size(), n_out, d_out.dtype())?; // (N, out)
         gather_from_sp_region(&self.ctx, d_out, &mut d_full)?;
         let w = &mut self.inner.weight;
         linear_backward(bk, x, &w.value, &d_full, d_x, &mut w.grad, None)?;
