@@ -49,7 +49,8 @@ fn context_parallel_with_rotary_matches_the_single_rank_run() {
     assert!(loss < 1e-5 && norm < 1e-5, "[{case}] llama: loss {loss:.2e}, grad norm {norm:.2e}");
 }
 
-/// bf16 and fp16 (dynamic loss scaler from 2^12) at cp2 and cp2·tp2 against the single-rank run
+/// bf16 and fp16 (dynamic loss scaler from 2^12) at cp2, cp2·tp2 and cp2·tp2 with
+/// `--sequence-parallel` against the single-rank run
 /// in the same precision, and the Llama-style GPT (rotary per chunk at its global offset, GQA)
 /// in bf16 at cp2·tp2.
 ///
@@ -74,7 +75,9 @@ fn context_parallel_in_half_precision_matches_the_single_rank_run() {
     let fp16 = ("--fp16 --initial-loss-scale 4096", 2f64.powi(-11));
     let cp2 = "--nproc 2 --context-parallel-size 2";
     let cp2tp2 = "--nproc 4 --context-parallel-size 2 --tensor-model-parallel-size 2";
-    let runs = [(bf16, "", vec![cp2, cp2tp2]), (fp16, "", vec![cp2, cp2tp2]), (bf16, llama, vec![cp2tp2])];
+    let cp2tp2sp = "--nproc 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel";
+    let runs =
+        [(bf16, "", vec![cp2, cp2tp2, cp2tp2sp]), (fp16, "", vec![cp2, cp2tp2, cp2tp2sp]), (bf16, llama, vec![cp2tp2])];
     for ((precision, u), model, cases) in runs {
         let reference = pretrain(&cp_flags(&format!("{precision} {model}"))).unwrap();
         assert_eq!(reference.losses.len(), 20);
