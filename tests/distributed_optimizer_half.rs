@@ -82,6 +82,10 @@ fn half_distributed_optimizer_matches_the_run_without_it() {
             assert!(norm < 1e-12, "{name}: grad norm {norm:.2e}");
         }
     }
+    // bf16 gradient buffers (`--grad-reduce-in-bf16`, data-parallel size 1) are not offered with
+    // it: the reducer it runs with reduce-scatters fp32 gradients.
+    let err = pretrain(&flags(&format!("{} --bf16 --grad-reduce-in-bf16 {DIST}", layout(2, 1)))).unwrap_err();
+    assert!(format!("{err:#}").contains("drop one of them"), "{err:#}");
 }
 
 /// `save` trains 10 iterations and saves; `resume` loads it and trains to 20.
