@@ -138,3 +138,71 @@ fn half_checkpoints_move_across_layouts_with_the_distributed_optimizer() {
         assert!(loss < 1e-3 && norm < 5e-3, "{name}: vs the uninterrupted run");
     }
 }
+
+/// A bf16 model with sharded MoE experts (ep2): the dense parameters are sharded with their
+/// main values; the experts stay outside the buckets and are stepped by the plain Adam inside
+/// the distributed optimizer (the MoE plugin keeps its expert weights in fp32 today, so its
+/// mixed-precision variant for half experts is not reached). Losses (`--metrics-jsonl`)
+/// bitwise those without the distributed optimizer, also after a checkpoint at 3 resumed
+/// without it.
+#[test]
+fn half_moe_experts_under_the_distributed_optimizer() {
+    use std::process::Command;
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut plugin = Vec::new();
+    if !cfg!(feature = "moe") {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo).current_dir(&root).args(["build", "-q", "-p", "megatron-moe"]).status();
+        assert!(status.is_ok_and(|s| s.success()), "cargo build -p megatron-moe failed");
+        let target = std::env::var("CARGO_TARGET_DIR").map(std::path::PathBuf::from).unwrap_or(root.join("target"));
+        plugin = vec!["--plugin".to_string(), target.join("debug/libmegatron_moe.so").display().to_string()];
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &str| -> Vec<(u64, String, u64)> {
+        let jsonl = dir.path().join(format!("{name}.jsonl"));
+        let flags = format!(
+            "pretrain --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 \
+             --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --mock-data \
+             --vocab-size 128 --eval-iters 0 --eval-interval 1000 --log-interval 1 --train-iters 6 --num-experts 4 \
+             --moe-router-topk 2 --hidden-dropout 0 --attention-dropout 0 --nproc 2 --expert-model-parallel-size 2 \
+             --bf16 --metrics-jsonl {} {extra}",
+            jsonl.display()
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_megatron"))
+            .current_dir(&root)
+            .args(&plugin)
+            .args(flags.split_whitespace())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::read_to_string(&jsonl)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["tag"] == "lm loss" || v["tag"] == "grad-norm")
+            .map(|v| (v["iteration"].as_u64().unwrap(), v["tag"].to_string(), v["value"].as_f64().unwrap().to_bits()))
+            .collect()
+    };
+    // Losses bitwise; grad norms to the last bits of the sharded f64 sum (see above).
+    let same = |a: &[(u64, String, u64)], b: &[(u64, String, u64)], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            assert_eq!((x.0, &x.1), (y.0, &y.1), "{what}");
+            let (fx, fy) = (f64::from_bits(x.2), f64::from_bits(y.2));
+            if x.1.contains("loss") {
+                assert_eq!(x.2, y.2, "{what}: iteration {} loss {fx} vs {fy}", x.0);
+            } else {
+                assert!((fx - fy).abs() <= 1e-12 * fy.abs(), "{what}: iteration {} grad norm {fx} vs {fy}", x.0);
+            }
+        }
+    };
+    let plain = run("plain", "");
+    let dist = run("dist", DIST);
+    assert_eq!(plain.len(), 12);
+    same(&dist, &plain, &format!("bf16 ep2 with vs without {DIST}"));
+    let ckpt = dir.path().join("ckpt");
+    run("first", &format!("{DIST} --exit-interval 3 --save {} --save-interval 3", ckpt.display()));
+    let resumed = run("resumed", &format!("--load {}", ckpt.display()));
+    same(&resumed, &plain[6..], "bf16 ep2: dist-opt checkpoint at 3 resumed without it");
+    println!("bf16 ep2 MoE: 6 losses bitwise with and without {DIST}, also resumed at 3 without it");
+}
