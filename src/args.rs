@@ -211,14 +211,14 @@ pub struct PretrainArgs {
     #[arg(long)]
     pub ddp_bucket_size: Option<usize>,
     /// ZeRO-1 (SPEC §5.7): gradients reduce-scattered over data parallel, Adam state and fp32
-    /// main params kept only for this rank's shard (with --bf16/--fp16 the fp32 main copies
-    /// are still whole on every rank), updated params all-gathered. Example:
+    /// main params kept only for this rank's shard (also with --bf16/--fp16: the shard is
+    /// rounded on its owner and all-gathered in the half dtype), updated params all-gathered. Example:
     /// `--nproc 4 --use-distributed-optimizer --overlap-grad-reduce`.
     #[arg(long)]
     pub use_distributed_optimizer: bool,
     /// Overlap the distributed optimizer's parameter all-gather with the next forward: the step
     /// only starts the per-bucket all-gathers, and each layer's forward waits for the bucket(s)
-    /// of its own parameters (with --bf16/--fp16 also the fp32 main copies). Needs
+    /// of its own parameters (fp32, --bf16 or --fp16). Needs
     /// --use-distributed-optimizer. Example:
     /// `--nproc 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather`.
     #[arg(long)]

@@ -212,6 +212,12 @@ impl TrainConfig {
              gradients); drop it to reduce in fp32"
                 .into(),
         );
+        need(
+            !(a.grad_reduce_in_bf16 && a.use_distributed_optimizer),
+            "--grad-reduce-in-bf16 with --use-distributed-optimizer: the distributed optimizer's reducer \
+             reduce-scatters fp32 gradients; drop one of them"
+                .into(),
+        );
         let half_models = ["gpt", "hybrid", "mamba", "t5", "bert", "swiglu-mlp-lm"];
         need(
             half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),

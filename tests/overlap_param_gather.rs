@@ -5,8 +5,8 @@
 //! finds some buckets still in flight), plus pp2·dp2, all within 1e-5 of one rank; and a
 //! checkpoint round trip (saving waits for the gathers of the step just taken).
 //!
-//! `--bf16` / `--fp16`: the gathered values go to the fp32 main copies and the half
-//! parameters; losses, grad norms, validation losses and the loss scale of every iteration are
+//! `--bf16` / `--fp16`: the distributed optimizer keeps the fp32 main values of its shard and
+//! gathers the half values rounded on their owner; losses, grad norms, validation losses and the loss scale of every iteration are
 //! bitwise those without overlap at dp2, tp2·dp2 and pp2·dp2, with steps skipped on the way
 //! (fp16: a live scaler and a forced overflow; bf16: a NaN gradient skipped by the guard); a
 //! half checkpoint saved with gathers pending resumes bit-identically, also through a rewind.
@@ -188,10 +188,10 @@ fn overlapped_param_gather_in_bf16_and_fp16_is_bit_identical() {
     }
 }
 
-/// Half checkpoints with gathers pending: the save at 10 takes the main copies from the
-/// pending gathers; resuming (with or without overlap) continues bit-identically. A bf16 rewind
-/// (`--on-nan rewind` at the NaN of iteration 12) loads iteration 10 while main copies are
-/// pending.
+/// Half checkpoints with gathers pending: the save at 10 waits for the pending gathers (the
+/// main values are the optimizer's own shards); resuming (with or without overlap) continues
+/// bit-identically. A bf16 rewind (`--on-nan rewind` at the NaN of iteration 12) loads
+/// iteration 10 while gathers are pending.
 #[test]
 fn overlapped_half_checkpoints_and_rewinds_are_bit_identical() {
     let lay = layout(1, 1, 2);
@@ -225,5 +225,5 @@ fn overlapped_half_checkpoints_and_rewinds_are_bit_identical() {
     assert_eq!(over.rewinds.len(), 1, "bf16: the NaN of iteration 12 must rewind once");
     assert_eq!(bits(&over.losses), bits(&sync.losses), "bf16 rewind: losses differ with {OVERLAP}");
     assert_eq!(bits(&over.grad_norms), bits(&sync.grad_norms), "bf16 rewind: grad norms differ with {OVERLAP}");
-    println!("bf16 --on-nan rewind (loads iteration 10 with main copies pending): losses and grad norms bit-identical with and without {OVERLAP}");
+    println!("bf16 --on-nan rewind (loads iteration 10 with gathers pending): losses and grad norms bit-identical with and without {OVERLAP}");
 }

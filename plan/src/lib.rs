@@ -275,9 +275,9 @@ pub fn plan(input: &PlanInput) -> Plan {
                 params,
                 param_bytes: params * if half { 2 } else { 4 },
                 grad_bytes: params * 4, // fp32 main grads in every precision
-                // One fp32 main copy of every half parameter, also with the distributed
-                // optimizer (our MixedPrecisionOptimizer wraps it; Megatron shards these).
-                main_param_bytes: if half { params * 4 } else { 0 },
+                // fp32 main values of the half parameters: of the shard only with the
+                // distributed optimizer (as Megatron), of every parameter otherwise.
+                main_param_bytes: if half { shard_elems(input, params) * 4 } else { 0 },
                 optimizer_bytes: shard_elems(input, params) * 4 * input.optimizer_floats as u128,
                 in_flight: flight,
                 activation_bytes: (per_mb as f64 * flight as f64 * chunk_frac) as u128,

@@ -191,12 +191,11 @@ pub fn build_trainer_with_comm(
         let hook: megatron_core::SharedForwardPreHook = g.clone();
         super::param_gather::OverlapParamGather { per_module: model.set_forward_pre_hook(hook.clone()), hook }
     });
-    // --bf16/--fp16: the optimizer steps fp32 main parameters (SPEC §6.7); with
-    // --overlap-param-gather the gathered values go to those and to the half parameters.
-    let optimizer: Box<dyn megatron_core::Optimizer> = match (cfg.params_dtype(), gather) {
-        (Some(_), Some(g)) => Box::new(megatron_optim::MixedPrecisionOptimizer::with_param_gather(optimizer, g)?),
-        (Some(_), None) => Box::new(megatron_optim::MixedPrecisionOptimizer::new(optimizer)),
-        (None, _) => optimizer,
+    // --bf16/--fp16: the optimizer steps fp32 main parameters (SPEC §6.7). The distributed
+    // optimizer keeps those of its own shard itself (SPEC §5.7), so it is not wrapped.
+    let optimizer: Box<dyn megatron_core::Optimizer> = match cfg.params_dtype() {
+        Some(_) if !a.use_distributed_optimizer => Box::new(megatron_optim::MixedPrecisionOptimizer::new(optimizer)),
+        _ => optimizer,
     };
     let loss_scaler = megatron_optim::LossScaler::from_flags(&cfg.loss_scale_flags())?;
 

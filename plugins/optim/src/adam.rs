@@ -49,13 +49,6 @@ pub struct Adam {
 }
 
 impl Adam {
-    /// Sets the step count and the per-parameter moments (the distributed optimizer's
-    /// unsharded parameters, loaded from a checkpoint).
-    pub(crate) fn restore(&mut self, steps: u64, states: StateMap) {
-        self.steps = steps;
-        self.states = states;
-    }
-
     pub fn new(config: AdamConfig) -> Result<Adam> {
         for (v, flag) in [(config.beta1, "--adam-beta1"), (config.beta2, "--adam-beta2")] {
             if !(0.0..1.0).contains(&v) {

@@ -21,18 +21,30 @@
 //! replica), and their state is saved and loaded with the rest under the same names.
 //!
 //! Only the shard's state exists: with `dp` ranks the optimizer holds `2·N/dp` fp32 moments
-//! instead of Adam's `2·N` (fp32 parameters are their own main parameters). With
-//! `--bf16`/`--fp16` the [`crate::MixedPrecisionOptimizer`] around this one keeps an fp32 main
-//! copy of every parameter, not only of the shard (`4·N` bytes per rank where Megatron keeps
-//! `4·N/dp`): the moments are sharded, the main copies are not yet.
+//! instead of Adam's `2·N` (fp32 parameters are their own main parameters).
+//!
+//! Mixed precision (`--bf16`/`--fp16`, SPEC §5.7/§6.7; this optimizer is then not wrapped in a
+//! [`crate::MixedPrecisionOptimizer`]): a half parameter's fp32 main values are kept **only for
+//! the shard** too, one fp32 tensor per segment, made from the half values on the first step
+//! (or loaded). The step takes the reduced gradients of the shard (fp32; half gradients would
+//! be widened exactly, but the driver refuses `--grad-reduce-in-bf16` with this optimizer as
+//! its reducer reduce-scatters fp32), updates the main values in fp32, rounds them once (to
+//! nearest even, the backend's cast) to the bucket's dtype on the owning rank, and all-gathers
+//! the half values into the model: 2 bytes per element on the wire, as Megatron, and bitwise
+//! what rounding a full main copy on every rank gives, since rounding is elementwise. Per rank
+//! that is `4·N/dp` bytes of main parameters instead of `4·N` (SPEC §5.7's `6 + 12/dp` bytes per
+//! parameter with bf16 parameters and fp32 gradients). Checkpoints hold the main values per
+//! parameter (`"{param}.main_param"`, gathered like the moments), so they load into the
+//! mixed-precision Adam at any layout and back.
 
 use crate::adam::{Adam, AdamConfig};
-use crate::param_gather::ParamGather;
+use crate::mixed_precision::{take_main_params, MixedPrecisionOptimizer, MAIN_PARAM};
+use crate::param_gather::{slice, ParamGather};
 use crate::state_tensors::{self, clone_tensor};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
-    AdamStep, Backend, Communicator, DType, DeviceTensor, Group, HostBuffer, Optimizer, OptimizerState, Param,
-    SharedForwardPreHook,
+    AdamStep, Backend, Communicator, DType, DeviceTensor, ForwardPreHook, Group, HostBuffer, Optimizer, OptimizerState,
+    Param, SharedForwardPreHook,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -55,9 +67,35 @@ struct Segment {
     len: usize,
     /// Offset inside this rank's range of the bucket.
     shard_offset: usize,
-    /// Adam's moments of the segment, created on the first step. fp32 parameters are their
-    /// own main parameters (as Megatron: no separate fp32 copy), so nothing else is kept.
+    /// Adam's moments of the segment, created on the first step.
     state: Option<[DeviceTensor; 2]>,
+    /// Half parameters only: the fp32 main values of the segment `(len,)`, made from the half
+    /// values on the first step. fp32 parameters are their own main parameters (as Megatron:
+    /// no separate fp32 copy), so nothing is kept for them.
+    main: Option<DeviceTensor>,
+}
+
+/// The optimizer of the parameters outside the buckets: Adam, around half parameters inside a
+/// [`MixedPrecisionOptimizer`] (their full fp32 main copies: replicas step them whole).
+enum Plain {
+    Fp32(Adam),
+    Half(MixedPrecisionOptimizer),
+}
+
+impl Plain {
+    fn get(&mut self) -> &mut dyn Optimizer {
+        match self {
+            Plain::Fp32(a) => a,
+            Plain::Half(m) => m,
+        }
+    }
+
+    fn get_ref(&self) -> &dyn Optimizer {
+        match self {
+            Plain::Fp32(a) => a,
+            Plain::Half(m) => m,
+        }
+    }
 }
 
 /// ZeRO-1 Adam (see the module doc).
@@ -71,9 +109,14 @@ pub struct DistributedOptimizer {
     segments: Vec<Vec<Segment>>,
     /// Parameter shapes (for per-parameter checkpoint tensors).
     shapes: HashMap<String, Vec<usize>>,
+    /// Parameters stored in a half dtype: the segments keep their fp32 main values.
+    half: HashSet<String>,
+    /// Per bucket, the dtype its updated values are all-gathered in: its parameters' dtype
+    /// (the owner rounds), fp32 for a bucket that mixes dtypes.
+    gather_dtypes: Vec<DType>,
     /// Parameters in no bucket (sharded experts) and the plain Adam that steps them.
     unsharded: HashSet<String>,
-    plain: Adam,
+    plain: Plain,
     /// `--overlap-param-gather`: the step only starts the all-gathers (see [`ParamGather`]).
     overlap: Option<Arc<Mutex<ParamGather>>>,
 }
@@ -117,14 +160,35 @@ impl DistributedOptimizer {
                         len: e - s,
                         shard_offset: s - lo,
                         state: None,
+                        main: None,
                     });
                 }
             }
             segments.push(segs);
         }
         let bucketed: HashSet<&str> = buckets.iter().flat_map(|b| b.params.iter().map(|p| p.0.as_str())).collect();
-        let unsharded = params.iter().map(|p| p.name.clone()).filter(|n| !bucketed.contains(n.as_str())).collect();
-        let plain = Adam::new(config)?;
+        let unsharded: HashSet<String> =
+            params.iter().map(|p| p.name.clone()).filter(|n| !bucketed.contains(n.as_str())).collect();
+        let dtypes: HashMap<&str, DType> = params.iter().map(|p| (p.name.as_str(), p.value.dtype())).collect();
+        let half: HashSet<String> =
+            params.iter().filter(|p| p.value.dtype() != DType::F32).map(|p| p.name.clone()).collect();
+        let gather_dtypes = buckets
+            .iter()
+            .map(|b| {
+                let mut ds = b.params.iter().map(|p| dtypes[p.0.as_str()]);
+                let first = ds.next().unwrap_or(DType::F32);
+                if ds.all(|d| d == first) {
+                    first
+                } else {
+                    DType::F32
+                }
+            })
+            .collect();
+        let plain = if unsharded.iter().any(|n| half.contains(n)) {
+            Plain::Half(MixedPrecisionOptimizer::new(Box::new(Adam::new(config)?)))
+        } else {
+            Plain::Fp32(Adam::new(config)?)
+        };
         Ok(DistributedOptimizer {
             config,
             steps: 0,
@@ -133,6 +197,8 @@ impl DistributedOptimizer {
             buckets,
             segments,
             shapes,
+            half,
+            gather_dtypes,
             unsharded,
             plain,
             overlap: None,
@@ -149,8 +215,7 @@ impl DistributedOptimizer {
         Ok(g)
     }
 
-    /// The overlapped all-gather, once [`Self::overlap_param_gather`] started it: the
-    /// mixed-precision optimizer around this one writes its main copies through it.
+    /// The overlapped all-gather, once [`Self::overlap_param_gather`] started it.
     pub fn param_gather(&self) -> Option<Arc<Mutex<ParamGather>>> {
         self.overlap.clone()
     }
@@ -167,26 +232,69 @@ impl DistributedOptimizer {
         self.segments.iter().flatten().map(|s| 2 * s.len).sum()
     }
 
+    /// fp32 main values this rank holds for half parameters: those of its shard (after the
+    /// first step or a load), plus the full copies of half parameters outside the buckets.
+    pub fn main_numel(&self) -> usize {
+        let sharded: usize = self.segments.iter().flatten().filter_map(|s| s.main.as_ref()).map(|m| m.numel()).sum();
+        sharded
+            + match &self.plain {
+                Plain::Half(m) => m.main_numel(),
+                Plain::Fp32(_) => 0,
+            }
+    }
+
     fn per(&self, b: usize) -> usize {
         self.buckets[b].padded_numel / self.group.size()
     }
 
-    /// All-gathers this rank's `(per)` range of bucket `b` into the full padded bucket.
-    fn gather(&self, b: usize, local: Vec<f32>, backend: &dyn Backend) -> Result<Vec<f32>> {
-        let input = backend.from_host(HostBuffer::F32(local), &[self.per(b)])?;
-        let mut out = backend.zeros(&[self.buckets[b].padded_numel], DType::F32)?;
+    /// All-gathers this rank's `(per)` range of bucket `b` into the full padded bucket, in the
+    /// dtype of `local`.
+    fn gather(&self, b: usize, local: HostBuffer, backend: &dyn Backend) -> Result<HostBuffer> {
+        let dtype = local.dtype();
+        let input = backend.from_host(local, &[self.per(b)])?;
+        let mut out = backend.zeros(&[self.buckets[b].padded_numel], dtype)?;
         self.comm.all_gather(&self.group, &input, &mut out).with_context(|| {
             format!("all-gathering bucket {b} over the data-parallel group (distributed optimizer)")
         })?;
-        Ok(backend.to_host(&out)?.to_f32_vec())
+        backend.to_host(&out)
+    }
+
+    /// This rank's updated fp32 range of bucket `b` in the bucket's gather dtype: rounded here,
+    /// once, by the backend's cast (to nearest even), so every rank receives the same bits.
+    fn round(&self, b: usize, local: Vec<f32>, backend: &dyn Backend) -> Result<HostBuffer> {
+        let dtype = self.gather_dtypes[b];
+        if dtype == DType::F32 {
+            return Ok(HostBuffer::F32(local));
+        }
+        let wide = backend.from_host(HostBuffer::F32(local), &[self.per(b)])?;
+        let mut out = backend.zeros(&[self.per(b)], dtype)?;
+        backend.cast(&wide, &mut out).with_context(|| format!("rounding bucket {b} to {dtype}"))?;
+        backend.to_host(&out)
     }
 }
 
+/// `t` as fp32 values (half values widened: exact).
 fn host(backend: &dyn Backend, t: &DeviceTensor, what: &str) -> Result<Vec<f32>> {
     match backend.to_host(t)? {
         HostBuffer::F32(v) => Ok(v),
-        other => bail!("the distributed optimizer needs fp32 {what}, got {}", other.dtype()),
+        b @ (HostBuffer::BF16(_) | HostBuffer::F16(_)) => Ok(b.to_f32_vec()),
+        other => bail!("the distributed optimizer needs float {what}, got {}", other.dtype()),
     }
+}
+
+/// The (fp32) range `range` of the parameter `name` from a per-parameter checkpoint tensor.
+fn slice_state(
+    backend: &dyn Backend,
+    t: &DeviceTensor,
+    range: std::ops::Range<usize>,
+    what: &str,
+) -> Result<DeviceTensor> {
+    let v = host(backend, t, what)?;
+    if v.len() < range.end {
+        bail!("optimizer state `{what}` holds {} values, its parameter needs {}", v.len(), range.end);
+    }
+    let n = range.len();
+    backend.from_host(HostBuffer::F32(v[range].to_vec()), &[n])
 }
 
 impl Optimizer for DistributedOptimizer {
@@ -196,10 +304,10 @@ impl Optimizer for DistributedOptimizer {
 
     /// Expects the gradients reduce-scattered (valid on this rank's ranges) and clipped.
     fn step(&mut self, params: &mut [&mut Param], lr: f64, weight_decay: f64, backend: &dyn Backend) -> Result<()> {
-        // Overlap: the previous step's gathers must have landed before the main params are read.
-        // (With mixed precision `params` are the fp32 main copies.)
+        // Overlap: the previous step's gathers must have landed before the parameters are read
+        // (fp32 parameters are the main parameters) and before their buckets are launched again.
         if let Some(mut g) = self.lock_overlap()? {
-            g.finish_main(params)?;
+            g.finish(params)?;
         }
         self.steps += 1;
         let index: HashMap<String, usize> = params.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect();
@@ -216,9 +324,15 @@ impl Optimizer for DistributedOptimizer {
                 let range = seg.start..seg.start + seg.len;
                 let g = host(backend, &p.grad, "gradients")?;
                 let g = backend.from_host(HostBuffer::F32(g[range.clone()].to_vec()), &[seg.len])?;
-                let value = host(backend, &p.value, "parameters")?;
-                let mut main = backend.from_host(HostBuffer::F32(value[range].to_vec()), &[seg.len])?;
-                drop(value);
+                // The segment's fp32 main values: kept (half parameters after their first
+                // step) or read from the parameter (fp32: exact; half: widened, exact).
+                let mut main = match seg.main.take() {
+                    Some(m) => m,
+                    None => {
+                        let value = host(backend, &p.value, "parameters")?;
+                        backend.from_host(HostBuffer::F32(value[range].to_vec()), &[seg.len])?
+                    }
+                };
                 if seg.state.is_none() {
                     let zeros = || backend.zeros(&[seg.len], DType::F32);
                     seg.state = Some([zeros()?, zeros()?]);
@@ -234,7 +348,11 @@ impl Optimizer for DistributedOptimizer {
                 };
                 backend.adam_step(&mut main, &g, m, v, spec)?;
                 local[seg.shard_offset..seg.shard_offset + seg.len].copy_from_slice(&host(backend, &main, "params")?);
+                if self.half.contains(&seg.name) {
+                    seg.main = Some(main);
+                }
             }
+            let local = self.round(b, local, backend)?;
             if let Some(mut g) = self.lock_overlap()? {
                 g.launch(b, local)?; // written by the next forward's pre-hooks
                 continue;
@@ -243,68 +361,117 @@ impl Optimizer for DistributedOptimizer {
             let full = self.gather(b, local, backend)?;
             for (name, off, numel) in &self.buckets[b].params {
                 let p = &mut *params[find(name)?];
-                let src = backend.from_host(HostBuffer::F32(full[*off..off + numel].to_vec()), p.value.shape())?;
-                backend.copy(&src, &mut p.value).with_context(|| format!("writing the updated `{name}`"))?;
+                let src = backend.from_host(slice(&full, *off..off + numel)?, p.value.shape())?;
+                let r = if src.dtype() == p.value.dtype() {
+                    backend.copy(&src, &mut p.value)
+                } else {
+                    backend.cast(&src, &mut p.value) // a bucket of mixed dtypes gathers fp32
+                };
+                r.with_context(|| format!("writing the updated `{name}`"))?;
             }
         }
         // Every step, so the plain Adam's step count (bias correction) stays this one's.
         let mut rest: Vec<&mut Param> =
             params.iter_mut().filter(|p| self.unsharded.contains(&p.name)).map(|p| &mut **p).collect();
-        self.plain.step(&mut rest, lr, weight_decay, backend)
+        self.plain.get().step(&mut rest, lr, weight_decay, backend)
     }
 
     fn steps(&self) -> u64 {
         self.steps
     }
 
-    /// Per-parameter moments, gathered over the group (a collective; see the module doc).
+    /// Per-parameter moments and (half parameters) fp32 main values, gathered over the group
+    /// (a collective; see the module doc).
     fn state(&self, backend: &dyn Backend) -> Result<OptimizerState> {
         let mut tensors = Vec::new();
         // Never stepped: no state, as plain Adam (all ranks agree on `steps`).
         if self.steps > 0 {
             for b in 0..self.buckets.len() {
-                for (k, kind) in KINDS.iter().enumerate() {
+                let has_half = self.buckets[b].params.iter().any(|p| self.half.contains(&p.0));
+                for kind in KINDS.iter().copied().chain(has_half.then_some(MAIN_PARAM)) {
                     let mut local = vec![0f32; self.per(b)];
                     for seg in &self.segments[b] {
-                        let st = seg.state.as_ref().ok_or_else(|| anyhow!("`{}` has no optimizer state", seg.name))?;
-                        local[seg.shard_offset..seg.shard_offset + seg.len]
-                            .copy_from_slice(&host(backend, &st[k], kind)?);
+                        let t = match kind {
+                            MAIN_PARAM if !self.half.contains(&seg.name) => continue,
+                            MAIN_PARAM => seg.main.as_ref(),
+                            _ => seg.state.as_ref().map(|st| &st[usize::from(kind == KINDS[1])]),
+                        };
+                        let t = t.ok_or_else(|| anyhow!("`{}` has no optimizer state `{kind}`", seg.name))?;
+                        local[seg.shard_offset..seg.shard_offset + seg.len].copy_from_slice(&host(backend, t, kind)?);
                     }
-                    let full = self.gather(b, local, backend)?;
+                    let full = self.gather(b, HostBuffer::F32(local), backend)?.to_f32_vec();
                     for (name, off, numel) in &self.buckets[b].params {
+                        if kind == MAIN_PARAM && !self.half.contains(name) {
+                            continue;
+                        }
                         let t =
                             backend.from_host(HostBuffer::F32(full[*off..off + numel].to_vec()), &self.shapes[name])?;
                         tensors.push((format!("{name}.{kind}"), clone_tensor(backend, &t)?));
                     }
                 }
             }
-        }
-        if self.steps > 0 {
-            tensors.extend(self.plain.state(backend)?.tensors);
+            tensors.extend(self.plain.get_ref().state(backend)?.tensors);
         }
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(OptimizerState { scalars: serde_json::json!({ "step": self.steps }), tensors })
     }
 
-    /// Takes per-parameter moments (from this optimizer or plain Adam, any DP size) and keeps
-    /// this rank's ranges.
-    fn load_state(&mut self, state: OptimizerState, params: &[&Param], backend: &dyn Backend) -> Result<()> {
-        let (steps, mut states) = state_tensors::load(state, &KINDS, "adam", params, backend)?;
+    /// Takes per-parameter moments and main values (from this optimizer, plain Adam or the
+    /// mixed-precision Adam, any DP size) and keeps this rank's ranges. A half parameter
+    /// without a stored main value (a state of an fp32 run) starts from its value in `params`
+    /// (the loaded weights).
+    fn load_state(&mut self, mut state: OptimizerState, params: &[&Param], backend: &dyn Backend) -> Result<()> {
+        let mut mains = take_main_params(&mut state);
+        // The parameters outside the buckets go to the plain optimizer with their own tensors.
+        let owner = |key: &str| -> Option<String> {
+            KINDS.iter().find_map(|k| key.strip_suffix(k).and_then(|p| p.strip_suffix('.'))).map(str::to_string)
+        };
+        let (plain_tensors, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut state.tensors)
+            .into_iter()
+            .partition(|(k, _)| owner(k).is_some_and(|n| self.unsharded.contains(&n)));
+        let mut plain_state = OptimizerState { scalars: state.scalars.clone(), tensors: plain_tensors };
+        if let Plain::Half(_) = self.plain {
+            for n in &self.unsharded {
+                if let Some(t) = mains.remove(n) {
+                    plain_state.tensors.push((format!("{n}.{MAIN_PARAM}"), t));
+                }
+            }
+        }
+        let (plain_params, bucketed): (Vec<&Param>, Vec<&Param>) =
+            params.iter().copied().partition(|p| self.unsharded.contains(&p.name));
+        self.plain.get().load_state(plain_state, &plain_params, backend)?;
+        state.tensors = rest;
+        let (steps, states) = state_tensors::load(state, &KINDS, "adam", &bucketed, backend)?;
         self.steps = steps;
-        let plain =
-            states.iter().filter(|(n, _)| self.unsharded.contains(*n)).map(|(n, _)| n.clone()).collect::<Vec<_>>();
-        self.plain.restore(steps, plain.into_iter().filter_map(|n| states.remove_entry(&n)).collect());
+        let by_name: HashMap<&str, &Param> = params.iter().map(|p| (p.name.as_str(), *p)).collect();
         for seg in self.segments.iter_mut().flatten() {
+            let range = seg.start..seg.start + seg.len;
             seg.state = match states.get(&seg.name) {
                 None => None,
-                Some(ts) => {
-                    let range = seg.start..seg.start + seg.len;
-                    let slice = |t: &DeviceTensor, what| -> Result<DeviceTensor> {
-                        let v = host(backend, t, what)?;
-                        backend.from_host(HostBuffer::F32(v[range.clone()].to_vec()), &[seg.len])
-                    };
-                    Some([slice(&ts[0], "exp_avg")?, slice(&ts[1], "exp_avg_sq")?])
+                Some(ts) => Some([
+                    slice_state(backend, &ts[0], range.clone(), "exp_avg")?,
+                    slice_state(backend, &ts[1], range.clone(), "exp_avg_sq")?,
+                ]),
+            };
+            seg.main = if !self.half.contains(&seg.name) {
+                None
+            } else if let Some(t) = mains.get(&seg.name) {
+                let want: usize = self.shapes[&seg.name].iter().product();
+                if t.numel() != want {
+                    bail!(
+                        "main parameter of `{}` has shape {:?}, the parameter {:?}: the checkpoint was saved for \
+                         another model or layout",
+                        seg.name,
+                        t.shape(),
+                        self.shapes[&seg.name]
+                    );
                 }
+                Some(slice_state(backend, t, range, MAIN_PARAM)?)
+            } else if steps > 0 {
+                let p = by_name.get(seg.name.as_str()).ok_or_else(|| anyhow!("no parameter `{}` to load", seg.name))?;
+                Some(slice_state(backend, &p.value, range, "parameters")?)
+            } else {
+                None
             };
         }
         Ok(())

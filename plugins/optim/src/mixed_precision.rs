@@ -13,18 +13,14 @@
 //! `"{param}.main_param"` (fp32) to the inner state, so a half run resumes bit-identically and
 //! an fp32 run can continue from the exact fp32 values ([`take_main_params`]).
 //!
-//! `--overlap-param-gather` ([`MixedPrecisionOptimizer::with_param_gather`]): the distributed
-//! optimizer inside only starts the all-gathers of the updated main parameters. The model's
-//! pre-hooks write the (rounded) half parameters; this optimizer takes the gathered fp32 values
-//! into its main copies before it reads them next (step, checkpoint state, load), and does not
-//! round a main copy whose gathered value is still in flight (see [`crate::ParamGather`]).
+//! The distributed optimizer (`--use-distributed-optimizer`) is not wrapped: it keeps the fp32
+//! main parameters of its own shard and rounds them itself (see [`crate::DistributedOptimizer`]),
+//! so no rank holds a full fp32 copy.
 
-use crate::param_gather::ParamGather;
 use crate::state_tensors::clone_tensor;
 use anyhow::{anyhow, Context, Result};
-use megatron_core::{Backend, DType, DeviceTensor, ForwardPreHook, HostBuffer, Optimizer, OptimizerState, Param};
+use megatron_core::{Backend, DType, DeviceTensor, Optimizer, OptimizerState, Param};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 /// State name of the fp32 main parameter in checkpoints.
 pub const MAIN_PARAM: &str = "main_param";
@@ -51,27 +47,11 @@ struct Main {
 pub struct MixedPrecisionOptimizer {
     inner: Box<dyn Optimizer>,
     main: BTreeMap<String, Main>,
-    /// `--overlap-param-gather`: the distributed optimizer's background all-gather.
-    gather: Option<Arc<Mutex<ParamGather>>>,
 }
 
 impl MixedPrecisionOptimizer {
     pub fn new(inner: Box<dyn Optimizer>) -> MixedPrecisionOptimizer {
-        MixedPrecisionOptimizer { inner, main: BTreeMap::new(), gather: None }
-    }
-
-    /// Around a distributed optimizer with `--overlap-param-gather` (`gather` from
-    /// [`crate::DistributedOptimizer::param_gather`]): see the module doc.
-    pub fn with_param_gather(inner: Box<dyn Optimizer>, gather: Arc<Mutex<ParamGather>>) -> Result<Self> {
-        lock(&gather)?.set_mixed_precision()?;
-        Ok(MixedPrecisionOptimizer { inner, main: BTreeMap::new(), gather: Some(gather) })
-    }
-
-    /// Takes every gathered value still pending into the main copies.
-    fn take_pending_mains(&mut self) -> Result<()> {
-        let Some(g) = &self.gather else { return Ok(()) };
-        let mut mains: Vec<&mut Param> = self.main.values_mut().map(|m| &mut m.param).collect();
-        lock(g)?.finish_main(&mut mains)
+        MixedPrecisionOptimizer { inner, main: BTreeMap::new() }
     }
 
     /// fp32 values held besides the inner optimizer's state (the main parameters).
@@ -98,10 +78,6 @@ impl MixedPrecisionOptimizer {
     }
 }
 
-fn lock(g: &Mutex<ParamGather>) -> Result<MutexGuard<'_, ParamGather>> {
-    g.lock().map_err(|_| anyhow!("the parameter all-gather (--overlap-param-gather) was poisoned by a panic"))
-}
-
 fn to_f32(backend: &dyn Backend, t: DeviceTensor) -> Result<DeviceTensor> {
     if t.dtype() == DType::F32 {
         return Ok(t);
@@ -121,11 +97,6 @@ impl Optimizer for MixedPrecisionOptimizer {
             if !self.main.contains_key(&p.name) {
                 self.main.insert(p.name.clone(), Self::make_main(p, None, backend)?);
             }
-        }
-        // --overlap-param-gather: the previous step's values into any model parameter no
-        // forward asked for (the distributed optimizer writes the main copies first thing).
-        if let Some(g) = &self.gather {
-            lock(g)?.finish(params)?;
         }
         // Lend (fp32) or widen (half) every gradient into its main parameter.
         for p in params.iter_mut() {
@@ -159,14 +130,7 @@ impl Optimizer for MixedPrecisionOptimizer {
             }
         }
         result?;
-        let gather = match &self.gather {
-            Some(g) => Some(lock(g)?),
-            None => None,
-        };
         for p in params.iter_mut() {
-            if gather.as_ref().is_some_and(|g| g.is_pending(&p.name)) {
-                continue; // the pre-hook writes it from the gathered value
-            }
             let m = &self.main[&p.name];
             backend
                 .cast(&m.param.value, &mut p.value)
@@ -181,21 +145,8 @@ impl Optimizer for MixedPrecisionOptimizer {
 
     fn state(&self, backend: &dyn Backend) -> Result<OptimizerState> {
         let mut s = self.inner.state(backend)?;
-        let mut gather = match &self.gather {
-            Some(g) => Some(lock(g)?),
-            None => None,
-        };
         for (name, m) in &self.main {
-            // A main copy whose gathered value is still pending is saved with that value.
-            let pending = match gather.as_mut() {
-                Some(g) => g.pending_main_value(name)?,
-                None => None,
-            };
-            let t = match pending {
-                Some(v) => backend.from_host(HostBuffer::F32(v), m.param.value.shape())?,
-                None => clone_tensor(backend, &m.param.value)?,
-            };
-            s.tensors.push((format!("{name}.{MAIN_PARAM}"), t));
+            s.tensors.push((format!("{name}.{MAIN_PARAM}"), clone_tensor(backend, &m.param.value)?));
         }
         Ok(s)
     }
@@ -204,9 +155,6 @@ impl Optimizer for MixedPrecisionOptimizer {
     /// copy (a state saved by an fp32 run) gets one on its first step from its (loaded) value,
     /// unless the caller put the checkpoint's fp32 weights into `state` as main params.
     fn load_state(&mut self, mut state: OptimizerState, params: &[&Param], backend: &dyn Backend) -> Result<()> {
-        // Pending gathered values belong to the state being replaced: take them first, so none
-        // lands on the loaded copies later.
-        self.take_pending_mains()?;
         let mut stored = take_main_params(&mut state);
         self.inner.load_state(state, params, backend)?;
         self.main.clear();

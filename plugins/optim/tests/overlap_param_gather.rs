@@ -1,11 +1,11 @@
 //! `DistributedOptimizer::overlap_param_gather` with ranks as threads: after a step the
 //! parameters keep their old values until the forward pre-hook asks for them; asking for one
 //! module's parameters writes exactly those (the others stay pending), and every written value
-//! is bitwise the one the synchronous all-gather writes. With mixed precision (bf16 model
-//! parameters) the half parameters and the fp32 main copies both get the gathered values.
+//! is bitwise the one the synchronous all-gather writes. Half parameters with overlap:
+//! tests/dist_opt_half.rs.
 
 use megatron_core::{Backend, Group, HostBuffer, Optimizer, Param, ParamLayout};
-use megatron_optim::{AdamConfig, DistributedOptimizer, MixedPrecisionOptimizer, ShardedBucket};
+use megatron_optim::{AdamConfig, DistributedOptimizer, ShardedBucket};
 use std::sync::Arc;
 
 fn params(bk: &dyn Backend, step: usize) -> Vec<Param> {
@@ -80,86 +80,6 @@ fn pre_hook_writes_only_the_asked_parameters_and_the_same_bits() {
                     hook.lock().unwrap().finish(&mut over_ps.iter_mut().collect::<Vec<_>>()).unwrap();
                     assert_eq!(now(&over_ps), want, "step {step}: bitwise the synchronous all-gather");
                 }
-            });
-        }
-    });
-}
-
-/// The parameters of [`params`] as bf16 model parameters (fp32 gradients, as the model keeps).
-fn bf16_params(bk: &dyn Backend, step: usize) -> Vec<Param> {
-    params(bk, step)
-        .into_iter()
-        .map(|mut p| {
-            let mut v = bk.zeros(p.value.shape(), megatron_core::DType::BF16).unwrap();
-            bk.cast(&p.value, &mut v).unwrap();
-            p.value = v;
-            p
-        })
-        .collect()
-}
-
-/// Mixed precision around the distributed optimizer: the pre-hook writes the rounded half
-/// parameter, the main copies take the gathered fp32 values before they are read (the next
-/// step, the checkpoint state), and everything is bitwise the synchronous path's — also across
-/// a step that is not taken (the loss scaler's skip) while main copies are pending.
-#[test]
-fn mixed_precision_pre_hook_writes_half_params_and_main_copies() {
-    let bk: Arc<dyn Backend> = Arc::new(megatron_cpu::CpuBackend::new());
-    let host = |t: &megatron_core::DeviceTensor| bk.to_host(t).unwrap().to_f32_vec();
-    let dp = 2;
-    let buckets = vec![
-        ShardedBucket { params: vec![("c".into(), 0, 12), ("b".into(), 12, 14)], padded_numel: 26 },
-        ShardedBucket { params: vec![("a".into(), 0, 35)], padded_numel: 36 },
-    ];
-    let comms = megatron_comm_local::LocalCommunicator::world(dp, std::time::Duration::from_secs(30));
-    std::thread::scope(|s| {
-        for comm in &comms {
-            let (comm, buckets, bk) = (comm.clone(), buckets.clone(), bk.clone());
-            s.spawn(move || {
-                let group = Group::new("dp", (0..dp).collect());
-                let (mut sync_ps, mut over_ps) = (bf16_params(bk.as_ref(), 0), bf16_params(bk.as_ref(), 0));
-                let view: Vec<&Param> = sync_ps.iter().collect();
-                let cfg = AdamConfig::default();
-                let sync = DistributedOptimizer::new(cfg, buckets.clone(), comm.clone(), group.clone(), &view).unwrap();
-                let mut sync = MixedPrecisionOptimizer::new(Box::new(sync));
-                let mut over = DistributedOptimizer::new(cfg, buckets, comm, group, &view).unwrap();
-                let hook = over.overlap_param_gather(bk.clone()).unwrap();
-                let gather = over.param_gather().unwrap();
-                let mut over = MixedPrecisionOptimizer::with_param_gather(Box::new(over), gather).unwrap();
-                let now = |ps: &[Param]| ps.iter().map(|p| host(&p.value)).collect::<Vec<_>>();
-                let mains = |o: &MixedPrecisionOptimizer| {
-                    let st = o.state(bk.as_ref()).unwrap();
-                    st.tensors.iter().map(|(n, t)| (n.clone(), host(t))).collect::<Vec<_>>()
-                };
-                for step in 0..4 {
-                    let old = now(&sync_ps);
-                    for ps in [&mut sync_ps, &mut over_ps] {
-                        for (p, fresh) in ps.iter_mut().zip(params(bk.as_ref(), step)) {
-                            bk.copy(&fresh.grad, &mut p.grad).unwrap();
-                        }
-                    }
-                    if step == 2 {
-                        // A skipped step: neither optimizer steps; the main copies of the
-                        // overlapped one stay pending and the state reads the gathered values.
-                        assert_eq!(mains(&over), mains(&sync), "step {step}: checkpoint state while pending");
-                        continue;
-                    }
-                    sync.step(&mut sync_ps.iter_mut().collect::<Vec<_>>(), 1e-2, 0.1, bk.as_ref()).unwrap();
-                    over.step(&mut over_ps.iter_mut().collect::<Vec<_>>(), 1e-2, 0.1, bk.as_ref()).unwrap();
-                    let want = now(&sync_ps);
-                    assert_eq!(sync_ps[0].value.dtype(), megatron_core::DType::BF16);
-                    assert_eq!(now(&over_ps), old, "step {step}: no half parameter is written before a forward asks");
-                    assert_ne!(want, old, "step {step}: the step must change the parameters");
-                    // The checkpoint state reads the pending main copies: bitwise the synchronous ones.
-                    assert_eq!(mains(&over), mains(&sync), "step {step}: optimizer state with gathers pending");
-                    let (a, rest) = over_ps.split_at_mut(1);
-                    hook.lock().unwrap().before_forward(&mut [&mut a[0]]).unwrap();
-                    assert_eq!(host(&a[0].value), want[0], "step {step}: `a` after its pre-hook (rounded to bf16)");
-                    assert_eq!(now(rest), old[1..], "step {step}: b, c are written before they were asked for");
-                    hook.lock().unwrap().finish(&mut over_ps.iter_mut().collect::<Vec<_>>()).unwrap();
-                    assert_eq!(now(&over_ps), want, "step {step}: bitwise the synchronous path's half parameters");
-                }
-                assert_eq!(mains(&over), mains(&sync), "final state");
             });
         }
     });
