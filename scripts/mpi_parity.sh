@@ -4,7 +4,8 @@
 # threads (--nproc N), and prints the max relative difference to the single-rank run.
 # MoE cases (issue 17, the all_to_all token dispatcher over MPI): 4 experts, top-2, ep2 (np 2) and
 # ep2 tp2 (np 4) with --moe-token-dispatcher-type alltoall: bit-identical to --nproc N and within
-# 1e-5 relative of the single-rank MoE run. They need the MoE plugin: linked in (--features moe)
+# 1e-5 relative of the single-rank MoE run.
+# Issue 13 cases: SP, CP, the distributed optimizer with overlap, interleaving, bf16 SP + dist-opt. They need the MoE plugin: linked in (--features moe)
 # or the library in $MOE_PLUGIN (default target/debug/libmegatron_moe.so, built by
 # `cargo build -p megatron-moe`); without either they are skipped with a message.
 # Serving cases (issue 21): `megatron serve` and `megatron generate` under mpirun -np 2 at tp2 and
@@ -59,6 +60,19 @@ for layout in "2 1 1" "1 2 1" "1 1 2" "2 2 1" "2 2 2"; do
   case_ "tp$tp pp$pp dp$dp" $((tp*pp*dp)) "$T/ref.jsonl" 1e-6 "" \
     --tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp"
 done
+# Issue 13's features over MPI: sequence and context parallelism, the distributed optimizer with
+# both overlaps, interleaved 1F1B (4 layers, pp2 x 2 chunks: its own reference), and bf16 with
+# SP + the distributed optimizer (sharded fp32 main parameters) against the bf16 single rank.
+case_ "tp2 SP" 2 "$T/ref.jsonl" 1e-6 "" --tensor-model-parallel-size 2 --sequence-parallel
+case_ "cp2" 2 "$T/ref.jsonl" 1e-6 "" --context-parallel-size 2
+case_ "dp2 dist-opt overlap" 2 "$T/ref.jsonl" 1e-6 "" --use-distributed-optimizer --overlap-grad-reduce \
+  --overlap-param-gather
+"$B" pretrain $F --num-layers 4 --metrics-jsonl "$T/ref4.jsonl" >"$T/ref4.log" 2>&1 || { cat "$T/ref4.log"; exit 1; }
+case_ "pp2 interleaved (2 chunks)" 2 "$T/ref4.jsonl" 1e-6 "" --num-layers 4 --pipeline-model-parallel-size 2 \
+  --num-layers-per-virtual-pipeline-stage 1
+"$B" pretrain $F --bf16 --metrics-jsonl "$T/ref_bf16.jsonl" >"$T/ref_bf16.log" 2>&1 || { cat "$T/ref_bf16.log"; exit 1; }
+case_ "bf16 tp2 SP dp2 dist-opt" 4 "$T/ref_bf16.jsonl" 5e-2 "" --bf16 --tensor-model-parallel-size 2 \
+  --sequence-parallel --use-distributed-optimizer --overlap-param-gather
 # MoE: the plugin linked in, or loaded from $MOE_PLUGIN.
 PRE=""
 if ! "$B" list 2>/dev/null | grep -qE "^mlp +moe "; then
