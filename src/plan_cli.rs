@@ -125,6 +125,8 @@ pub fn plan_input(cfg: &TrainConfig, vocab_size: usize) -> Result<PlanInput> {
         },
         fp32_residual: gpt.fp32_residual_connection,
         rms_norm: gpt.normalization == megatron_transformer::NormKind::RMSNorm,
+        sequence_parallel: a.sequence_parallel && a.tensor_model_parallel_size > 1,
+        cp: a.context_parallel_size.max(1),
     })
 }
 

@@ -37,6 +37,8 @@ fn tiny(tp: usize, pp: usize, dp: usize, m: usize) -> PlanInput {
         bucket_elems: None,
         fp32_residual: false,
         rms_norm: false,
+        sequence_parallel: false,
+        cp: 1,
     }
 }
 

@@ -23,7 +23,7 @@ pub mod report;
 pub mod step_time;
 pub mod transients;
 
-pub use activations::activation_bytes_per_microbatch_layer;
+pub use activations::{activation_bytes_per_microbatch_layer, decoder_activation_bytes};
 
 /// Numeric format of parameters and activations (SPEC §6.7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,11 @@ pub struct PlanInput {
     pub fp32_residual: bool,
     /// RMSNorm (one statistic per token) instead of LayerNorm (two).
     pub rms_norm: bool,
+    /// `--sequence-parallel` (with tp > 1): the residual stream, the norms and their outputs
+    /// hold `1/tp` of the tokens ([`activations`]).
+    pub sequence_parallel: bool,
+    /// `--context-parallel-size`: every rank holds `seq / cp` tokens of each sequence.
+    pub cp: usize,
 }
 
 impl PlanInput {
@@ -198,7 +203,7 @@ impl StagePlan {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub stages: Vec<StagePlan>,
-    /// Ranks per stage (`tp x dp`).
+    /// Ranks per stage (`tp x cp x dp`).
     pub ranks_per_stage: usize,
     /// The process without a model (binary, runtime, rank threads; measured, see [`plan`]).
     pub overhead_bytes: u128,
@@ -289,11 +294,11 @@ pub fn plan(input: &PlanInput) -> Plan {
         .collect();
     Plan {
         stages,
-        ranks_per_stage: input.tp * input.dp.max(1),
+        ranks_per_stage: input.tp * input.cp.max(1) * input.dp.max(1),
         // The process without a model: the peak RSS of a 1-layer, 64-wide `pretrain` run is
         // 12.3 / 16.5 / 21.3 MiB at 1 / 2 / 4 ranks (binary pages, libc, runtime, each rank's
         // thread and thread pool): 9 MiB + 3 MiB per rank.
-        overhead_bytes: (9 << 20) + (input.tp * input.pp * input.dp.max(1)) as u128 * (3 << 20),
+        overhead_bytes: (9 << 20) + (input.tp * input.cp.max(1) * input.pp * input.dp.max(1)) as u128 * (3 << 20),
     }
 }
 

@@ -123,9 +123,10 @@ fn activation_buffers_of_gpt2_small() {
     // Per layer: ln1_out, ln2_out, h1, output (4C), qkv (3C), context (C), fc1_out, act_out
     // (2F), in fp32; lse (12 heads) and LayerNorm mean + rstd twice (4) in fp32.
     assert_eq!(activation_bytes_per_microbatch_layer(&x), n * 4 * (8 * c + 2 * f + 12 + 4));
-    // The stage adds residuals[0], the block output, the logits and the 3 CE statistics.
+    // The stage adds residuals[0], the block output, the final norm's mean + rstd, the logits
+    // and the 3 CE statistics.
     let st = plan(&x).stages[0].clone();
-    assert_eq!(st.activation_bytes, 12 * n * 4 * (8 * c + 2 * f + 16) + n * 4 * (2 * c + v + 3));
+    assert_eq!(st.activation_bytes, 12 * n * 4 * (8 * c + 2 * f + 16) + n * 4 * (2 * c + 2 + v + 3));
     // Workspace: d_residual, d_branch, d_norm, d_context, d_qkv (3C), d_act, d_fc1, d_hidden
     // and d_embedding.
     assert_eq!(st.workspace_bytes, n * 4 * (9 * c + 2 * f));

@@ -31,5 +31,7 @@ pub fn gpt2(seq: usize, mb: usize, m: usize) -> PlanInput {
         bucket_elems: None,
         fp32_residual: false,
         rms_norm: false,
+        sequence_parallel: false,
+        cp: 1,
     }
 }
