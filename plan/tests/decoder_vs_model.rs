@@ -92,9 +92,9 @@ fn input(tp: usize, cp: usize, sp: bool, precision: Precision) -> PlanInput {
 fn decoder_activations_match_the_model_under_tp_sp_and_cp() {
     for (dtype, precision) in [(DType::F32, Precision::Fp32), (DType::BF16, Precision::Half)] {
         let mut by_layout = Vec::new();
-        // Context parallelism in fp32 only: in half precision the ring attention here still
-        // keeps its `context` in fp32 (half precision under CP is being reworked elsewhere).
-        let cps: &[(usize, usize, bool)] = if dtype == DType::F32 { &[(1, 2, false), (2, 2, true)] } else { &[] };
+        // Context parallelism in both precisions: the half ring keeps `context` in the model dtype
+        // and its lse in fp32, as the unsplit attention does.
+        let cps: &[(usize, usize, bool)] = &[(1, 2, false), (2, 2, true)];
         let tp_sp = [(1, 1, false), (2, 1, false), (2, 1, true)];
         for &(tp, cp, sp) in tp_sp.iter().chain(cps) {
             let x = input(tp, cp, sp, precision);
