@@ -34,7 +34,11 @@ pub mod schedule;
 pub mod tensor;
 
 pub use attention_block::AttentionBlockSpec;
-pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSpec, RotarySpec};
+pub use backend::{
+    ActivationOps, AdamStep, AttentionOps, AttentionSpec, Backend, ElementwiseOps, EmbeddingLossOps, GemmOps, GemmSpec,
+    KvCacheAttentionSpec, KvCacheOps, MambaOps, MemoryOps, NormOps, OptimizerOps, PaddedAttentionOps, RingAttentionOps,
+    RotaryOps, RotarySpec,
+};
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use cross_attention::CrossAttentionSpec;
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
