@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 mod ops;
+mod sequence_ops;
 
 /// Wraps a backend; [`ProfilingBackend::report`] gives `(op, calls, seconds)` sorted by time
 /// (GEMMs keyed by `m x n x k` and transposes).
