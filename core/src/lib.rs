@@ -18,6 +18,7 @@ pub mod forward_pre_hook;
 pub mod gqa;
 pub mod grouped_gemm;
 pub mod guarded_model;
+pub mod half_parity;
 pub mod mamba_ops;
 pub mod metrics;
 pub mod mlp_slot;
