@@ -1,6 +1,6 @@
 //! [`MemoryOps`]: a backend's name, allocation, host transfer, synchronisation, `copy` and
-//! `cast`. Every other op family builds on it (their default methods name the backend in
-//! errors and fall back to host copies).
+//! `cast`. The families with default methods build on it (the defaults name the backend in
+//! their errors or fall back to host copies).
 
 use crate::{DType, DeviceTensor, HostBuffer, Result};
 
