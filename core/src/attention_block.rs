@@ -2,8 +2,8 @@
 //! §5.9). A CP rank attends its queries to one K/V block at a time and merges the partial
 //! results with their log-sum-exp; backward revisits the blocks with the final statistics.
 //!
-//! Semantics of [`crate::Backend::attention_block_forward`] / `_backward` and
-//! [`crate::Backend::attention_lse_merge`] (all f32):
+//! Semantics of [`crate::RingAttentionOps::attention_block_forward`] / `_backward` and
+//! [`crate::RingAttentionOps::attention_lse_merge`] (all f32):
 //! * `q (B, Tq, heads, hd)`, `k`, `v (B, Tk, heads, hd)`; `q_pos (Tq)` and `k_pos (Tk)` are
 //!   int32 global positions. With `causal`, query `i` sees key `j` iff `k_pos[j] <= q_pos[i]`;
 //!   otherwise it sees every key of the block.

@@ -1,5 +1,5 @@
 //! [`CrossAttentionSpec`]: the shapes and options of the cross-attention op
-//! ([`crate::Backend::cross_attention_forward`] / [`crate::Backend::cross_attention_backward`]),
+//! ([`crate::PaddedAttentionOps::cross_attention_forward`] / [`crate::PaddedAttentionOps::cross_attention_backward`]),
 //! the attention of the T5 decoder to the encoder output, and of any attention that needs
 //! separate query and key/value tensors, padding on both sides or an additive position bias
 //! (T5's relative position buckets, SPEC §4.4).

@@ -5,7 +5,7 @@
 //! the per-head layout `(N, np, 3, hn)`. [`gqa_expand_host`] copies every group's k/v to each
 //! of its `r` heads; [`gqa_reduce_host`] is its adjoint (the backward): query gradients move
 //! back, key/value gradients of the `r` heads of a group are summed. These host versions are
-//! the reference and the default of [`crate::Backend::gqa_expand`]/[`crate::Backend::gqa_reduce`].
+//! the reference and the default of [`crate::AttentionOps::gqa_expand`]/[`crate::AttentionOps::gqa_reduce`].
 
 use crate::Result;
 use anyhow::bail;

@@ -1,8 +1,8 @@
-//! The grouped GEMM op of [`crate::Backend::grouped_gemm`]: many independent matmuls of
+//! The grouped GEMM op of [`crate::GemmOps::grouped_gemm`]: many independent matmuls of
 //! different sizes in one call (MoE experts, each on its own group of tokens), so a backend
 //! can schedule all of them at once instead of paying one launch/fork-join per expert.
 
-use crate::{Backend, DeviceTensor, GemmSpec, HostBuffer, Result};
+use crate::{DeviceTensor, GemmOps, GemmSpec, HostBuffer, Result};
 use anyhow::bail;
 
 /// One problem: `C_g[m,n] = alpha·op(A_g)[m,k]·op(B_g)[k,n] + beta·C_g`, every operand a
@@ -50,8 +50,8 @@ pub fn check_groups(groups: &[GemmGroup], a_len: usize, b_len: usize, c_len: usi
     Ok(sorted)
 }
 
-/// The portable fallback: one [`Backend::gemm`] per group on host copies of the blocks.
-pub fn grouped_gemm_by_loop<B: Backend + ?Sized>(
+/// The portable fallback: one [`GemmOps::gemm`] per group on host copies of the blocks.
+pub fn grouped_gemm_by_loop<B: GemmOps + ?Sized>(
     backend: &B,
     a: &DeviceTensor,
     b: &DeviceTensor,

@@ -1,9 +1,13 @@
 //! [`GuardedModel`]: the host's wrapper around a [`Model`] built by a dynamically loaded plugin,
 //! running every method under the library's `catch_unwind` so a panic in plugin code becomes
 //! an error naming the plugin instead of aborting the process.
+//!
+//! It is a [`ModelWrapper`] overriding every method with a guarded call; a [`Model`] method added
+//! later and not guarded here still reaches the plugin's model (the wrapper's forwarding default),
+//! only without the guard.
 
 use crate::plugin_loader::PanicGuard;
-use crate::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, Model, Param, Result, StageOutput};
+use crate::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, Model, ModelWrapper, Param, Result, StageOutput};
 use anyhow::anyhow;
 
 pub struct GuardedModel {
@@ -35,7 +39,15 @@ impl GuardedModel {
     }
 }
 
-impl Model for GuardedModel {
+impl ModelWrapper for GuardedModel {
+    fn wrapped(&self) -> &dyn Model {
+        self.inner.as_ref()
+    }
+
+    fn wrapped_mut(&mut self) -> &mut dyn Model {
+        self.inner.as_mut()
+    }
+
     fn name(&self) -> &str {
         self.infallible("name", |m| m.name())
     }
@@ -126,11 +138,61 @@ impl Model for GuardedModel {
         self.fallible("take_metrics", |m| Ok(m.take_metrics())).unwrap_or_default()
     }
 
+    fn num_model_chunks(&self) -> usize {
+        self.infallible("num_model_chunks", |m| m.num_model_chunks())
+    }
+
+    fn forward_chunk(
+        &mut self,
+        chunk: usize,
+        microbatch: usize,
+        batch: &Batch,
+        input: Option<DeviceTensor>,
+        mode: Mode,
+    ) -> Result<StageOutput> {
+        self.fallible("forward_chunk", |m| m.forward_chunk(chunk, microbatch, batch, input, mode))
+    }
+
+    fn backward_chunk(
+        &mut self,
+        chunk: usize,
+        microbatch: usize,
+        grad_output: Option<DeviceTensor>,
+        grad_scale: f32,
+        on_grads_ready: GradsReadyHook,
+    ) -> Result<Option<DeviceTensor>> {
+        self.fallible("backward_chunk", |m| {
+            m.backward_chunk(chunk, microbatch, grad_output, grad_scale, on_grads_ready)
+        })
+    }
+
+    fn set_forward_pre_hook(&mut self, hook: crate::SharedForwardPreHook) -> bool {
+        let (guard, inner) = (self.guard, &mut self.inner);
+        match guard.call(|| inner.set_forward_pre_hook(hook)) {
+            Ok(r) => r,
+            Err(m) => panic!("plugin {} panicked in set_forward_pre_hook: {m}", self.label),
+        }
+    }
+
     fn take_eval_metrics(&mut self) -> Vec<(String, f64)> {
         self.fallible("take_eval_metrics", |m| Ok(m.take_eval_metrics())).unwrap_or_default()
     }
 
     fn logits_rows(&mut self, tokens: &[i32], b: usize, s: usize, rows: &[usize]) -> Result<Option<DeviceTensor>> {
         self.fallible("logits_rows", |m| m.logits_rows(tokens, b, s, rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GuardedModel;
+    use crate::plugin_loader::PanicGuard;
+    use crate::recording_model::assert_forwards_every_method;
+
+    #[test]
+    fn guarded_model_forwards_every_method() {
+        assert_forwards_every_method("GuardedModel", |inner, run| {
+            run(&mut GuardedModel::new(Box::new(inner), PanicGuard::in_process(), "test model".into()))
+        });
     }
 }

@@ -18,23 +18,30 @@ pub mod forward_pre_hook;
 pub mod gqa;
 pub mod grouped_gemm;
 pub mod guarded_model;
+pub mod half_parity;
 pub mod mamba_ops;
 pub mod metrics;
 pub mod mlp_slot;
 pub mod model;
 pub mod model_chunks;
+pub mod model_wrapper;
 pub mod optim;
 pub mod padded_attention;
 pub mod parallel;
 pub mod plugin_export;
 pub mod plugin_loader;
+pub mod recording_model;
 pub mod registry;
 pub mod rope_scaling;
 pub mod schedule;
 pub mod tensor;
 
 pub use attention_block::AttentionBlockSpec;
-pub use backend::{AdamStep, AttentionSpec, Backend, GemmSpec, KvCacheAttentionSpec, RotarySpec};
+pub use backend::{
+    ActivationOps, AdamStep, AttentionOps, AttentionSpec, Backend, ElementwiseOps, EmbeddingLossOps, GemmOps, GemmSpec,
+    KvCacheAttentionSpec, KvCacheOps, MambaOps, MemoryOps, NormOps, OptimizerOps, PaddedAttentionOps, RingAttentionOps,
+    RotaryOps, RotarySpec,
+};
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use cross_attention::CrossAttentionSpec;
 pub use data::{Dataset, DatasetSplits, Sample, SpecialIds, Tokenizer};
@@ -47,6 +54,7 @@ pub use metrics::MetricsSink;
 pub use mlp_slot::{MlpEnv, MlpModule, MlpProvider, MlpStep};
 pub use model::{Batch, GradsReadyHook, LossReport, Mode, Model, Param, ParamLayout, StageOutput};
 pub use model_chunks::ModelChunks;
+pub use model_wrapper::ModelWrapper;
 pub use optim::{LrSchedule, Optimizer, OptimizerState};
 pub use padded_attention::PaddedAttentionSpec;
 pub use parallel::{GradSync, ParallelContext, ParallelStrategy, RankGrid};

@@ -1,5 +1,5 @@
-//! Specs and tensor bundles of the Mamba-2 Backend ops ([`crate::Backend::causal_conv1d_silu_forward`],
-//! [`crate::Backend::ssd_scan_forward`], [`crate::Backend::gated_rmsnorm_forward`] and their
+//! Specs and tensor bundles of the Mamba-2 Backend ops ([`crate::MambaOps::causal_conv1d_silu_forward`],
+//! [`crate::MambaOps::ssd_scan_forward`], [`crate::MambaOps::gated_rmsnorm_forward`] and their
 //! backwards). The math (and the naive references the parity tests compare against) lives
 //! with the model (`megatron-hybrid`, `ops/`); the CPU kernels in `megatron-cpu` (`mamba/`).
 //!

@@ -2,7 +2,7 @@
 //! encoders, SPEC §4.8): rows of one batch hold different numbers of real tokens, padding is
 //! neither attended to nor attends.
 //!
-//! Semantics of [`crate::Backend::attention_padded_forward`] / `_backward`:
+//! Semantics of [`crate::PaddedAttentionOps::attention_padded_forward`] / `_backward`:
 //! * `qkv` is the fused `(B, T, heads, 3, head_dim)` of the causal op, `out` `(B, T,
 //!   heads*head_dim)`, `lse` `(B, heads, T)` f32, `lengths` int32 `(B)` with
 //!   `0 <= lengths[b] <= T`: row `b` has real tokens at positions `[0, lengths[b])` and padding

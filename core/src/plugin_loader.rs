@@ -60,6 +60,24 @@ impl PanicGuard {
     }
 }
 
+#[cfg(test)]
+impl PanicGuard {
+    /// A guard running closures under this crate's own `catch_unwind` (the body a plugin library
+    /// exports), for unit tests of guarded wrappers without loading a library.
+    pub(crate) fn in_process() -> PanicGuard {
+        unsafe extern "C" fn catch(
+            data: *mut c_void,
+            run: crate::plugin_export::RunFn,
+            message_data: *mut c_void,
+            set_message: crate::plugin_export::SetMessageFn,
+        ) -> bool {
+            // SAFETY: forwarded from the `CatchFn` contract that `PanicGuard::call` keeps.
+            unsafe { crate::plugin_export::catch_unwind_entry(data, run, message_data, set_message) }
+        }
+        PanicGuard { catch }
+    }
+}
+
 /// One plugin crate of a loaded library (its records copied into host memory).
 pub struct LibraryCrate {
     pub crate_name: String,

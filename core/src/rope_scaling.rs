@@ -12,7 +12,7 @@
 //! Everything is computed in f32 in the order transformers' `_compute_llama3_parameters` uses
 //! (the reference; `scripts/rope_scaling_fixture.py` writes its values for the parity test).
 //! [`rotary_host`] is the host rotation with given frequencies: the default of
-//! [`crate::Backend::rotary_scaled`] and the reference of backends' kernels.
+//! [`crate::RotaryOps::rotary_scaled`] and the reference of backends' kernels.
 
 use crate::backend::RotarySpec;
 use crate::Result;

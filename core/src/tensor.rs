@@ -2,7 +2,7 @@
 //!
 //! Host (CPU) storage is a [`HostBuffer`]; device backends keep their memory behind
 //! [`DeviceStorage`]. Code outside a backend moves data only through
-//! [`crate::Backend::to_host`] / [`crate::Backend::from_host`].
+//! [`crate::MemoryOps::to_host`] / [`crate::MemoryOps::from_host`].
 
 use crate::DType;
 use anyhow::{bail, Result};

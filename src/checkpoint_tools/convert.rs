@@ -15,7 +15,7 @@ use megatron_checkpoint_megatron::optim_read::{read_optimizer, FullOptimizerStat
 use megatron_checkpoint_megatron::optim_write::GroupHyper;
 use megatron_checkpoint_megatron::partition::Shape;
 use megatron_checkpoint_megatron::{TensorData, TorchDType, Value};
-use megatron_core::{Backend, DType, OptimizerState, ParallelContext, Param, ParamLayout, Registry};
+use megatron_core::{DType, MemoryOps, OptimizerState, ParallelContext, Param, ParamLayout, Registry};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

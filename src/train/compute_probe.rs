@@ -10,7 +10,7 @@
 //! by `--timing-log-level 1` as it would run with a core per rank. It changes no numbers.
 
 use anyhow::Result;
-use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, Model, Param, StageOutput};
+use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, Model, ModelWrapper, StageOutput};
 use std::time::Duration;
 
 /// A model whose stage/chunk forwards and backwards also sleep (see the module doc).
@@ -28,9 +28,14 @@ impl<'a> ProbeCompute<'a> {
     }
 }
 
-impl Model for ProbeCompute<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
+/// Sleeps in the forwards and backwards the schedules call; every other method forwards
+/// ([`ModelWrapper`]).
+impl ModelWrapper for ProbeCompute<'_> {
+    fn wrapped(&self) -> &dyn Model {
+        &*self.inner
+    }
+    fn wrapped_mut(&mut self) -> &mut dyn Model {
+        &mut *self.inner
     }
     fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
         std::thread::sleep(self.forward);
@@ -39,36 +44,6 @@ impl Model for ProbeCompute<'_> {
     fn backward(&mut self, grad_scale: f32) -> Result<()> {
         std::thread::sleep(2 * self.forward);
         self.inner.backward(grad_scale)
-    }
-    fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
-        self.inner.logits(tokens, micro_batch_size, seq_length)
-    }
-    fn params(&self) -> Vec<&Param> {
-        self.inner.params()
-    }
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.inner.params_mut()
-    }
-    fn buffers(&self) -> Vec<&Param> {
-        self.inner.buffers()
-    }
-    fn buffers_mut(&mut self) -> Vec<&mut Param> {
-        self.inner.buffers_mut()
-    }
-    fn zero_grad(&mut self) -> Result<()> {
-        self.inner.zero_grad()
-    }
-    fn flops_per_iteration(&self, samples: usize) -> f64 {
-        self.inner.flops_per_iteration(samples)
-    }
-    fn is_first_stage(&self) -> bool {
-        self.inner.is_first_stage()
-    }
-    fn is_last_stage(&self) -> bool {
-        self.inner.is_last_stage()
-    }
-    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
-        self.inner.stage_buffer(batch)
     }
     fn forward_stage(
         &mut self,
@@ -89,12 +64,6 @@ impl Model for ProbeCompute<'_> {
     ) -> Result<Option<DeviceTensor>> {
         std::thread::sleep(2 * self.forward);
         self.inner.backward_stage(microbatch, grad_output, grad_scale, on_grads_ready)
-    }
-    fn finalize_grads(&mut self) -> Result<()> {
-        self.inner.finalize_grads()
-    }
-    fn num_model_chunks(&self) -> usize {
-        self.inner.num_model_chunks()
     }
     fn forward_chunk(
         &mut self,
@@ -117,5 +86,16 @@ impl Model for ProbeCompute<'_> {
     ) -> Result<Option<DeviceTensor>> {
         std::thread::sleep(2 * self.forward);
         self.inner.backward_chunk(chunk, microbatch, grad_output, grad_scale, on_grads_ready)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProbeCompute;
+    use megatron_core::recording_model::assert_forwards_every_method;
+
+    #[test]
+    fn probe_compute_forwards_every_method() {
+        assert_forwards_every_method("ProbeCompute", |mut inner, run| run(&mut ProbeCompute::new(&mut inner, 0.0)));
     }
 }

@@ -6,7 +6,7 @@
 
 use super::Trainer;
 use anyhow::Result;
-use megatron_core::{Batch, DeviceTensor, GradsReadyHook, LossReport, Mode, Model, Param, ReduceOp, StageOutput};
+use megatron_core::{DeviceTensor, GradsReadyHook, Model, ModelWrapper, Param, ReduceOp};
 
 /// A model whose backward starts from `scale · loss`.
 pub struct ScaledLoss<'a> {
@@ -20,54 +20,16 @@ impl<'a> ScaledLoss<'a> {
     }
 }
 
-impl Model for ScaledLoss<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
+/// Changes only where the backward starts; every other method forwards ([`ModelWrapper`]).
+impl ModelWrapper for ScaledLoss<'_> {
+    fn wrapped(&self) -> &dyn Model {
+        &*self.inner
     }
-    fn forward(&mut self, batch: &Batch, mode: Mode) -> Result<LossReport> {
-        self.inner.forward(batch, mode)
+    fn wrapped_mut(&mut self) -> &mut dyn Model {
+        &mut *self.inner
     }
     fn backward(&mut self, grad_scale: f32) -> Result<()> {
         self.inner.backward(grad_scale * self.scale)
-    }
-    fn logits(&mut self, tokens: &[i32], micro_batch_size: usize, seq_length: usize) -> Result<DeviceTensor> {
-        self.inner.logits(tokens, micro_batch_size, seq_length)
-    }
-    fn params(&self) -> Vec<&Param> {
-        self.inner.params()
-    }
-    fn params_mut(&mut self) -> Vec<&mut Param> {
-        self.inner.params_mut()
-    }
-    fn buffers(&self) -> Vec<&Param> {
-        self.inner.buffers()
-    }
-    fn buffers_mut(&mut self) -> Vec<&mut Param> {
-        self.inner.buffers_mut()
-    }
-    fn zero_grad(&mut self) -> Result<()> {
-        self.inner.zero_grad()
-    }
-    fn flops_per_iteration(&self, samples: usize) -> f64 {
-        self.inner.flops_per_iteration(samples)
-    }
-    fn is_first_stage(&self) -> bool {
-        self.inner.is_first_stage()
-    }
-    fn is_last_stage(&self) -> bool {
-        self.inner.is_last_stage()
-    }
-    fn stage_buffer(&self, batch: &Batch) -> Result<DeviceTensor> {
-        self.inner.stage_buffer(batch)
-    }
-    fn forward_stage(
-        &mut self,
-        microbatch: usize,
-        batch: &Batch,
-        input: Option<DeviceTensor>,
-        mode: Mode,
-    ) -> Result<StageOutput> {
-        self.inner.forward_stage(microbatch, batch, input, mode)
     }
     /// Only the last stage uses `grad_scale` (the others start from the received gradient,
     /// which already carries the scale).
@@ -79,22 +41,6 @@ impl Model for ScaledLoss<'_> {
         on_grads_ready: GradsReadyHook,
     ) -> Result<Option<DeviceTensor>> {
         self.inner.backward_stage(microbatch, grad_output, grad_scale * self.scale, on_grads_ready)
-    }
-    fn finalize_grads(&mut self) -> Result<()> {
-        self.inner.finalize_grads()
-    }
-    fn num_model_chunks(&self) -> usize {
-        self.inner.num_model_chunks()
-    }
-    fn forward_chunk(
-        &mut self,
-        chunk: usize,
-        microbatch: usize,
-        batch: &Batch,
-        input: Option<DeviceTensor>,
-        mode: Mode,
-    ) -> Result<StageOutput> {
-        self.inner.forward_chunk(chunk, microbatch, batch, input, mode)
     }
     /// As [`Model::backward_stage`]: only the last virtual stage uses `grad_scale`.
     fn backward_chunk(
@@ -135,5 +81,16 @@ impl Trainer {
     /// The live loss scale (1.0 without a scaler, as Megatron logs for fp32/bf16).
     pub fn loss_scale(&self) -> f64 {
         self.loss_scaler.as_ref().map_or(1.0, |s| s.scale())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScaledLoss;
+    use megatron_core::recording_model::assert_forwards_every_method;
+
+    #[test]
+    fn scaled_loss_forwards_every_method() {
+        assert_forwards_every_method("ScaledLoss", |mut inner, run| run(&mut ScaledLoss::new(&mut inner, 4.0)));
     }
 }

@@ -4,7 +4,9 @@
 //! plus its gradient and half of the keys padded (T5's encoder). Plain `std::time`; run with
 //! `cargo bench -p megatron-cpu --bench cross_attention` (release profile).
 
-use megatron_core::{AttentionSpec, Backend, CrossAttentionSpec, DType, DeviceTensor, HostBuffer};
+use megatron_core::{
+    AttentionOps, AttentionSpec, CrossAttentionSpec, DType, DeviceTensor, HostBuffer, MemoryOps, PaddedAttentionOps,
+};
 use megatron_cpu::CpuBackend;
 use std::time::Instant;
 

@@ -7,7 +7,10 @@
 //! widened-f32 fallback) per shape and reports the fraction of the bf16 FMA peak measured in
 //! the same run.
 
-use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer};
+use megatron_core::{
+    ActivationOps, AttentionOps, AttentionSpec, DType, DeviceTensor, EmbeddingLossOps, GemmOps, GemmSpec, HostBuffer,
+    MemoryOps, NormOps, OptimizerOps,
+};
 use megatron_cpu::CpuBackend;
 use std::time::Instant;
 

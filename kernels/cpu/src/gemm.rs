@@ -7,7 +7,7 @@ use crate::gemm_half::{gemm_half, Kernel};
 use crate::CpuBackend;
 use gemm::Parallelism;
 use megatron_core::anyhow::bail;
-use megatron_core::{Backend, DeviceTensor, GemmSpec, HostBuffer, Result};
+use megatron_core::{DeviceTensor, GemmOps, GemmSpec, HostBuffer, MemoryOps, Result};
 use rayon::prelude::*;
 
 /// A strided read-only matrix operand: element `(r, c)` is `data[off + r*rs + c*cs]`.

@@ -1,4 +1,4 @@
-//! Incremental-decoding attention ([`megatron_core::Backend::attention_kv_cache`]): writes the
+//! Incremental-decoding attention ([`megatron_core::KvCacheOps::attention_kv_cache`]): writes the
 //! new tokens' k/v into the per-layer caches, then attends each new query to its cached keys.
 //!
 //! Decoding runs one query per row against at most a few thousand keys, so a plain per-row

@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AttentionSpec, Backend, RotarySpec};
+use megatron_core::{AttentionOps, AttentionSpec, ElementwiseOps, MemoryOps, RotaryOps, RotarySpec};
 use megatron_cpu::reference as r;
 
 fn spec(batch: usize, seq: usize, heads: usize, head_dim: usize, causal: bool, p: f32) -> AttentionSpec {

@@ -16,7 +16,7 @@
 mod common;
 use common::{assert_close, Rng};
 use megatron_core::half::bf16;
-use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, HostBuffer};
+use megatron_core::{AttentionOps, AttentionSpec, DType, DeviceTensor, ElementwiseOps, HostBuffer, MemoryOps};
 use megatron_cpu::reference as r;
 use megatron_cpu::CpuBackend;
 

@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AttentionBlockSpec, Backend, DeviceTensor};
+use megatron_core::{AttentionBlockSpec, DeviceTensor, ElementwiseOps, MemoryOps, RingAttentionOps};
 use megatron_cpu::reference as r;
 
 fn spec(k_len: usize, causal: bool) -> AttentionBlockSpec {

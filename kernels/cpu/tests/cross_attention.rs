@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AttentionSpec, Backend, CrossAttentionSpec};
+use megatron_core::{AttentionOps, AttentionSpec, CrossAttentionSpec, ElementwiseOps, PaddedAttentionOps};
 use megatron_cpu::reference as r;
 
 #[allow(clippy::too_many_arguments)]

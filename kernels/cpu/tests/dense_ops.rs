@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{Backend, DType, GemmSpec, HostBuffer};
+use megatron_core::{ActivationOps, DType, ElementwiseOps, GemmOps, GemmSpec, HostBuffer, MemoryOps};
 use megatron_cpu::reference as r;
 
 /// gemm vs the f64 triple loop for every transpose combination, with/without bias and beta,

@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AttentionSpec, Backend, GemmSpec};
+use megatron_core::{AttentionOps, AttentionSpec, ElementwiseOps, EmbeddingLossOps, GemmOps, GemmSpec, NormOps};
 use megatron_cpu::CpuBackend;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -13,7 +13,10 @@
 mod common;
 use common::{assert_close, Rng};
 use megatron_core::half::{bf16, f16};
-use megatron_core::{AdamStep, AttentionSpec, Backend, DType, DeviceTensor, GemmSpec, HostBuffer, RotarySpec};
+use megatron_core::{
+    ActivationOps, AdamStep, AttentionOps, AttentionSpec, DType, DeviceTensor, ElementwiseOps, EmbeddingLossOps,
+    GemmOps, GemmSpec, HostBuffer, KvCacheOps, MemoryOps, NormOps, OptimizerOps, RotaryOps, RotarySpec,
+};
 use megatron_cpu::reference as r;
 use megatron_cpu::CpuBackend;
 

@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AttentionSpec, Backend, KvCacheAttentionSpec};
+use megatron_core::{AttentionOps, AttentionSpec, ElementwiseOps, KvCacheAttentionSpec, KvCacheOps};
 use megatron_cpu::reference as r;
 
 fn spec(batch: usize, new_tokens: usize, offset: usize, capacity: usize) -> KvCacheAttentionSpec {

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{Backend, KvCacheAttentionSpec};
+use megatron_core::{ElementwiseOps, KvCacheAttentionSpec, KvCacheOps};
 use megatron_cpu::reference as r;
 
 const H: usize = 2;

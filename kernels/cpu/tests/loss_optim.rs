@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AdamStep, Backend};
+use megatron_core::{AdamStep, EmbeddingLossOps, OptimizerOps};
 use megatron_cpu::reference as r;
 
 #[test]

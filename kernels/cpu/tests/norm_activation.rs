@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use megatron_core::Backend;
+use megatron_core::{ActivationOps, NormOps};
 use megatron_cpu::reference as r;
 
 const EPS: f32 = 1e-5;

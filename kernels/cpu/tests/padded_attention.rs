@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use megatron_core::{AttentionSpec, Backend, PaddedAttentionSpec};
+use megatron_core::{AttentionSpec, ElementwiseOps, PaddedAttentionOps, PaddedAttentionSpec};
 use megatron_cpu::reference as r;
 
 fn spec(batch: usize, seq: usize, heads: usize, head_dim: usize, p: f32) -> PaddedAttentionSpec {

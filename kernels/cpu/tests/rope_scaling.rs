@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use megatron_core::{Backend, RopeScaling, RotarySpec};
+use megatron_core::{RopeScaling, RotaryOps, RotarySpec};
 
 fn naive(x: &[f32], s: &RotarySpec, inv_freq: &[f32], inverse: bool) -> Vec<f64> {
     let mut y: Vec<f64> = x.iter().map(|&v| v as f64).collect();

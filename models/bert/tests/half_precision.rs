@@ -9,6 +9,7 @@
 mod common;
 
 use megatron_bert::{BertBatch, BertConfig, BertModel, LayerNormPlacement};
+use megatron_core::half_parity::{assert_half_matches_fp32, assert_param_dtypes, concat_grads};
 use megatron_core::{Backend, DType, Mode, ParallelContext};
 use megatron_cpu::CpuBackend;
 use std::sync::Arc;
@@ -45,15 +46,8 @@ fn losses_and_grads(c: BertConfig) -> (f64, f64, Vec<f32>, BertModel) {
     m.zero_grads().unwrap();
     let l = m.forward_bert(&batch(), Mode::Train).unwrap();
     m.backward_bert(1.0 / l.lm_tokens as f32, 1.0 / l.sop_rows as f32).unwrap();
-    let g = m.params().iter().flat_map(|p| be.to_host(&p.grad).unwrap().to_f32_vec()).collect();
+    let g = concat_grads(&m.params(), be.as_ref());
     (l.lm_loss_sum / l.lm_tokens, l.sop_loss_sum / l.sop_rows, g, m)
-}
-
-/// `|a - b| / |b|` in the L2 norm.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (d / n).sqrt()
 }
 
 fn check(base: BertConfig, what: &str, dtype: DType, loss_tol: f64, grad_tol: f64) {
@@ -61,19 +55,9 @@ fn check(base: BertConfig, what: &str, dtype: DType, loss_tol: f64, grad_tol: f6
     let mut c = base;
     c.params_dtype = dtype;
     let (lmh, soph, gh, m) = losses_and_grads(c);
-    for p in m.params() {
-        assert_eq!(p.value.dtype(), dtype, "{}", p.name);
-        assert_eq!(p.grad.dtype(), DType::F32, "{}: gradients accumulate in fp32", p.name);
-    }
-    for (name, h, f) in [("lm loss", lmh, lm32), ("sop loss", soph, sop32)] {
-        let rel = ((h - f) / f).abs();
-        eprintln!("{what} {dtype}: {name} {h:.6} vs {f:.6} (rel {rel:.2e})");
-        assert!(rel < loss_tol, "{what} {dtype}: {name} {h} vs fp32 {f} (rel {rel:.2e} >= {loss_tol:.0e})");
-    }
-    let e = rel_l2(&gh, &g32);
-    eprintln!("{what} {dtype}: gradient rel. L2 error {e:.3e}");
-    assert!(e < grad_tol, "{what} {dtype}: gradient rel. L2 error {e:.3e} >= {grad_tol:.0e}");
-    assert!(e > 0.0, "{what} {dtype}: gradients identical to fp32: the half path did not run");
+    assert_param_dtypes(&m.params(), |_| dtype);
+    let losses = [("lm loss", lmh, lm32), ("sop loss", soph, sop32)];
+    assert_half_matches_fp32(&format!("{what} {dtype}"), &losses, &gh, &g32, loss_tol, grad_tol);
 }
 
 // Tolerances as the GPT's, T5's and hybrid's: bf16 keeps 8 significant bits (2^-9 ≈ 2e-3

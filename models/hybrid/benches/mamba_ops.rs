@@ -7,7 +7,7 @@
 //! conv width 4, one group; the best of 7 runs (3 with `quick`). Run: `cargo bench -p megatron-hybrid --bench mamba_ops`
 //! (`-- tiny` or `-- 124m` for one shape, `-- quick` for fewer repetitions).
 
-use megatron_core::{Backend, Conv1dSpec, DType, DeviceTensor, HostBuffer, SsdGradTensors, SsdTensors};
+use megatron_core::{Conv1dSpec, DType, DeviceTensor, HostBuffer, MambaOps, MemoryOps, SsdGradTensors, SsdTensors};
 use megatron_cpu::CpuBackend;
 use megatron_hybrid::ops::conv::{conv_silu_backward, conv_silu_forward};
 use megatron_hybrid::ops::gated_norm::{gated_rmsnorm_backward, gated_rmsnorm_forward};

@@ -7,7 +7,9 @@
 //! polynomial `exp`): forward 2e-5 and gradients 1e-4 of the tensor's largest magnitude for
 //! the scan; 1e-5 for conv and norm. And one vs two threads: bit-identical.
 
-use megatron_core::{Backend, Conv1dSpec, DType, DeviceTensor, HostBuffer, SsdGradTensors, SsdTensors};
+use megatron_core::{
+    Backend, Conv1dSpec, DType, DeviceTensor, HostBuffer, MambaOps, MemoryOps, SsdGradTensors, SsdTensors,
+};
 use megatron_cpu::CpuBackend;
 use megatron_hybrid::ops::conv::{conv_silu_backward, conv_silu_forward, conv_silu_reference};
 use megatron_hybrid::ops::gated_norm::{gated_rmsnorm_backward, gated_rmsnorm_forward};

@@ -3,7 +3,8 @@
 //! activations, fp32 gradient buffers. The same model in fp32 is the reference: the loss and
 //! every gradient of one microbatch agree within the half type's rounding (tolerances below).
 
-use megatron_core::{Backend, Batch, DType, MlpProvider, Mode, Model, ParallelContext, Registry};
+use megatron_core::half_parity::{assert_half_matches_fp32, assert_param_dtypes, one_step};
+use megatron_core::{Backend, Batch, DType, MlpProvider, Model, ParallelContext, Param, Registry};
 use megatron_cpu::CpuBackend;
 use megatron_hybrid::{HybridConfig, HybridModel};
 use std::sync::Arc;
@@ -52,38 +53,20 @@ fn loss_and_grads(c: HybridConfig) -> (f64, Vec<f32>, HybridModel) {
     let be: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let p = provider();
     let mut m = HybridModel::with_mlp(c, "hybrid", be.clone(), ParallelContext::single(), Some(&p)).unwrap();
-    m.zero_grad().unwrap();
-    let r = m.forward(&batch(), Mode::Train).unwrap();
-    m.backward(1.0 / r.num_tokens as f32).unwrap();
-    let g = m.params().iter().flat_map(|p| be.to_host(&p.grad).unwrap().to_f32_vec()).collect();
-    (r.loss_sum / r.num_tokens, g, m)
-}
-
-/// `|a - b| / |b|` in the L2 norm.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (d / n).sqrt()
+    let (loss, grads) = one_step(&mut m, &batch(), be.as_ref());
+    (loss, grads, m)
 }
 
 fn check(dtype: DType, fp32_residual: bool, loss_tol: f64, grad_tol: f64) {
     let (l32, g32, _) = loss_and_grads(config(DType::F32, false));
     let (lh, gh, m) = loss_and_grads(config(dtype, fp32_residual));
-    for p in m.params() {
-        // The MoE plugin computes in fp32: its router and experts keep fp32 parameters.
-        let want = if p.name.contains(".mlp.router") || p.name.contains(".mlp.experts") { DType::F32 } else { dtype };
-        assert_eq!(p.value.dtype(), want, "{}", p.name);
-        assert_eq!(p.grad.dtype(), DType::F32, "{}: gradients accumulate in fp32", p.name);
-    }
+    // The MoE plugin computes in fp32: its router and experts keep fp32 parameters.
+    let moe = |p: &Param| p.name.contains(".mlp.router") || p.name.contains(".mlp.experts");
+    assert_param_dtypes(&m.params(), |p| if moe(p) { DType::F32 } else { dtype });
     assert!(m.params().iter().any(|p| p.name.ends_with("mixer.in_proj.weight") && p.value.dtype() == dtype));
     assert_eq!(m.residual_dtype(), if fp32_residual { DType::F32 } else { dtype });
-    let rel = ((lh - l32) / l32).abs();
-    eprintln!("{dtype} (fp32 residual {fp32_residual}): loss {lh:.6} vs {l32:.6} (rel {rel:.2e})");
-    assert!(rel < loss_tol, "{dtype}: loss {lh} vs fp32 {l32} (rel {rel:.2e} >= {loss_tol:.0e})");
-    let e = rel_l2(&gh, &g32);
-    eprintln!("{dtype}: gradient rel. L2 error {e:.3e}");
-    assert!(e < grad_tol, "{dtype}: gradient rel. L2 error {e:.3e} >= {grad_tol:.0e}");
-    assert!(e > 0.0, "{dtype}: gradients identical to fp32: the half path did not run");
+    let what = format!("{dtype} (fp32 residual {fp32_residual})");
+    assert_half_matches_fp32(&what, &[("loss", lh, l32)], &gh, &g32, loss_tol, grad_tol);
 }
 
 // Tolerances as the GPT's (models/gpt/tests/half_precision.rs): bf16 keeps 8 significant bits

@@ -5,7 +5,7 @@
 //! MoE layer given the weights of a dense `-` layer reproduces the dense model's loss and
 //! gradients. Without the plugin an `E` is an error saying to load it (tests/model_grads.rs).
 
-use megatron_core::{Backend, Batch, MlpProvider, Mode, Model, ParallelContext, Param, Registry};
+use megatron_core::{Backend, Batch, MemoryOps, MlpProvider, Mode, Model, ParallelContext, Param, Registry};
 use megatron_cpu::CpuBackend;
 use megatron_hybrid::{HybridConfig, HybridModel};
 use megatron_transformer::grad_check::{check_params, worst};

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use megatron_core::{Backend, Batch, Mode, Model, Param};
+use megatron_core::{Backend, Batch, MemoryOps, Mode, Model, Param};
 use megatron_cpu::CpuBackend;
 use megatron_t5::{T5Activation, T5Config, T5Model};
 use megatron_transformer::grad_check::{check_params, worst};

@@ -7,8 +7,9 @@
 mod common;
 
 use common::{batch, hf_style};
+use megatron_core::half_parity::{assert_half_matches_fp32, assert_param_dtypes, one_step};
 use megatron_core::ParallelContext;
-use megatron_core::{Backend, DType, Mode, Model};
+use megatron_core::{Backend, DType, Model};
 use megatron_cpu::CpuBackend;
 use megatron_t5::{T5Config, T5Model};
 use std::sync::Arc;
@@ -17,18 +18,8 @@ use std::sync::Arc;
 fn loss_and_grads(c: T5Config) -> (f64, Vec<f32>, T5Model) {
     let be: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let mut m = T5Model::new(c, be.clone(), ParallelContext::single()).unwrap();
-    m.zero_grad().unwrap();
-    let r = m.forward(&batch(0), Mode::Train).unwrap();
-    m.backward(1.0 / r.num_tokens as f32).unwrap();
-    let g = m.params().iter().flat_map(|p| be.to_host(&p.grad).unwrap().to_f32_vec()).collect();
-    (r.loss_sum / r.num_tokens, g, m)
-}
-
-/// `|a - b| / |b|` in the L2 norm.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (d / n).sqrt()
+    let (loss, grads) = one_step(&mut m, &batch(0), be.as_ref());
+    (loss, grads, m)
 }
 
 fn check(base: T5Config, what: &str, dtype: DType, loss_tol: f64, grad_tol: f64) {
@@ -36,17 +27,8 @@ fn check(base: T5Config, what: &str, dtype: DType, loss_tol: f64, grad_tol: f64)
     let mut c = base;
     c.params_dtype = dtype;
     let (lh, gh, m) = loss_and_grads(c);
-    for p in m.params() {
-        assert_eq!(p.value.dtype(), dtype, "{}", p.name);
-        assert_eq!(p.grad.dtype(), DType::F32, "{}: gradients accumulate in fp32", p.name);
-    }
-    let rel = ((lh - l32) / l32).abs();
-    eprintln!("{what} {dtype}: loss {lh:.6} vs {l32:.6} (rel {rel:.2e})");
-    assert!(rel < loss_tol, "{what} {dtype}: loss {lh} vs fp32 {l32} (rel {rel:.2e} >= {loss_tol:.0e})");
-    let e = rel_l2(&gh, &g32);
-    eprintln!("{what} {dtype}: gradient rel. L2 error {e:.3e}");
-    assert!(e < grad_tol, "{what} {dtype}: gradient rel. L2 error {e:.3e} >= {grad_tol:.0e}");
-    assert!(e > 0.0, "{what} {dtype}: gradients identical to fp32: the half path did not run");
+    assert_param_dtypes(&m.params(), |_| dtype);
+    assert_half_matches_fp32(&format!("{what} {dtype}"), &[("loss", lh, l32)], &gh, &g32, loss_tol, grad_tol);
 }
 
 // Tolerances as the GPT's and hybrid's: bf16 keeps 8 significant bits (2^-9 ≈ 2e-3 relative

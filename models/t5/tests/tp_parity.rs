@@ -14,7 +14,7 @@ use megatron_t5::{T5Activation, T5Config};
 type Shards = (LossReport, Vec<(String, Vec<usize>, Option<usize>, Vec<f32>, Vec<f32>)>);
 
 fn run(config: T5Config, ctx: ParallelContext, batch: &Batch) -> Shards {
-    use megatron_core::Backend;
+    use megatron_core::MemoryOps;
     let mut m = model_in(config, ctx);
     let be = CpuBackend::new();
     m.zero_grad().unwrap();

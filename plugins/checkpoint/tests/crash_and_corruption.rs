@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use megatron_checkpoint::{load, read_tracker, save, CheckpointMeta};
-use megatron_core::{Backend, ParallelContext};
+use megatron_core::{MemoryOps, ParallelContext};
 use megatron_cpu::CpuBackend;
 use std::path::Path;
 

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use megatron_checkpoint::{load, read_tracker, save, CheckpointMeta};
-use megatron_core::{Backend, DType, HostBuffer, ParallelContext, Param};
+use megatron_core::{DType, ElementwiseOps, HostBuffer, MemoryOps, ParallelContext, Param};
 use megatron_cpu::CpuBackend;
 
 fn meta() -> CheckpointMeta {

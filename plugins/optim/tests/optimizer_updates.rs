@@ -1,7 +1,7 @@
 //! Adam and SGD updates on the CPU backend against updates computed by hand in f64, and the
 //! per-parameter state round trip with its error paths.
 
-use megatron_core::{Backend, DType, HostBuffer, Optimizer, OptimizerState, Param, ParamLayout};
+use megatron_core::{Backend, DType, HostBuffer, MemoryOps, Optimizer, OptimizerState, Param, ParamLayout};
 use megatron_cpu::CpuBackend;
 use megatron_optim::{Adam, AdamConfig, Sgd, SgdConfig};
 

@@ -32,7 +32,7 @@ pub fn row_max(logits: &[f64], v: usize) -> Vec<f64> {
     logits.chunks_exact(v).map(|r| r.iter().cloned().fold(f64::NEG_INFINITY, f64::max)).collect()
 }
 
-/// `(sum_exp, target_logit)` of [`megatron_core::Backend::cross_entropy_stats`].
+/// `(sum_exp, target_logit)` of [`megatron_core::EmbeddingLossOps::cross_entropy_stats`].
 pub fn cross_entropy_stats(
     logits: &[f64],
     targets: &[i32],

@@ -1,5 +1,5 @@
 //! Reference optimizer updates, written exactly as the formulas of [`megatron_core::AdamStep`]
-//! and [`megatron_core::Backend::sgd_step`].
+//! and [`megatron_core::OptimizerOps::sgd_step`].
 
 use megatron_core::AdamStep;
 

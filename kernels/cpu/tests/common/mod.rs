@@ -2,7 +2,7 @@
 //! central finite differences in f64.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use megatron_core::{Backend, DType, DeviceTensor, HostBuffer};
+use megatron_core::{DType, DeviceTensor, HostBuffer, MemoryOps};
 use megatron_cpu::CpuBackend;
 
 /// A small deterministic RNG (splitmix64) so tests need no extra crates.

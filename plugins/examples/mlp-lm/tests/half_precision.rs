@@ -3,7 +3,8 @@
 //! buffers. The same model in fp32 is the reference: the loss and every gradient of one
 //! microbatch agree within the half type's rounding (tolerances below).
 
-use megatron_core::{Backend, Batch, DType, Mode, Model, ParallelContext};
+use megatron_core::half_parity::{assert_half_matches_fp32, assert_param_dtypes, one_step};
+use megatron_core::{Backend, Batch, DType, Model, ParallelContext};
 use megatron_cpu::CpuBackend;
 use megatron_example_mlp_lm::{MlpLm, MlpLmConfig};
 use std::sync::Arc;
@@ -33,18 +34,8 @@ fn batch() -> Batch {
 fn loss_and_grads(dtype: DType) -> (f64, Vec<f32>, MlpLm) {
     let be: Arc<dyn Backend> = Arc::new(CpuBackend::with_threads(1).unwrap());
     let mut m = MlpLm::new(config(dtype), be.clone(), &ParallelContext::single()).unwrap();
-    m.zero_grad().unwrap();
-    let r = m.forward(&batch(), Mode::Train).unwrap();
-    m.backward(1.0 / r.num_tokens as f32).unwrap();
-    let g = m.params().iter().flat_map(|p| be.to_host(&p.grad).unwrap().to_f32_vec()).collect();
-    (r.loss_sum / r.num_tokens, g, m)
-}
-
-/// `|a - b| / |b|` in the L2 norm.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (d / n).sqrt()
+    let (loss, grads) = one_step(&mut m, &batch(), be.as_ref());
+    (loss, grads, m)
 }
 
 fn check(dtype: DType, loss_tol: f64, grad_tol: f64) {
@@ -53,17 +44,8 @@ fn check(dtype: DType, loss_tol: f64, grad_tol: f64) {
         assert_eq!(p.value.dtype(), DType::F32, "{}: the default stays fp32", p.name);
     }
     let (lh, gh, m) = loss_and_grads(dtype);
-    for p in m.params() {
-        assert_eq!(p.value.dtype(), dtype, "{}", p.name);
-        assert_eq!(p.grad.dtype(), DType::F32, "{}: gradients accumulate in fp32", p.name);
-    }
-    let rel = ((lh - l32) / l32).abs();
-    eprintln!("{dtype}: loss {lh:.6} vs {l32:.6} (rel {rel:.2e})");
-    assert!(rel < loss_tol, "{dtype}: loss {lh} vs fp32 {l32} (rel {rel:.2e} >= {loss_tol:.0e})");
-    let e = rel_l2(&gh, &g32);
-    eprintln!("{dtype}: gradient rel. L2 error {e:.3e}");
-    assert!(e < grad_tol, "{dtype}: gradient rel. L2 error {e:.3e} >= {grad_tol:.0e}");
-    assert!(e > 0.0, "{dtype}: gradients identical to fp32: the half path did not run");
+    assert_param_dtypes(&m.params(), |_| dtype);
+    assert_half_matches_fp32(&dtype.to_string(), &[("loss", lh, l32)], &gh, &g32, loss_tol, grad_tol);
 }
 
 // Tolerances as the GPT's and T5's: bf16 keeps 8 significant bits (2^-9 ≈ 2e-3 relative
