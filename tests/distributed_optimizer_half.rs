@@ -87,8 +87,9 @@ fn half_distributed_optimizer_matches_the_run_without_it() {
 /// `--grad-reduce-in-bf16` (bf16 gradient buffers, SPEC §5.7/§6.7): the reducer reduce-scatters
 /// the bf16 buckets in bf16 into each rank's shard and the distributed optimizer widens the shard
 /// to fp32 for its fp32 main parameters. The communicator sums half inputs in fp32 in rank order
-/// and rounds once for the reduce-scatter as for the all-reduce, so at dp2, dp4 and tp2·dp2 (dp2
-/// with `--overlap-grad-reduce` too) the 20 losses are bitwise those of the same layout without
+/// and rounds once for the reduce-scatter as for the all-reduce, so at dp2, dp4, tp2·dp2 and
+/// pp2·dp2 (the tied embedding in a bucket of its own), and dp2 with `--overlap-grad-reduce`, the
+/// 20 losses are bitwise those of the same layout without
 /// the distributed optimizer (which all-reduces the same buckets in bf16). Against the single
 /// rank they part by bf16 rounding (the data-parallel sum is rounded to bf16 once more): < 1e-2
 /// relative, as in tests/mixed_precision.rs.
@@ -96,8 +97,13 @@ fn half_distributed_optimizer_matches_the_run_without_it() {
 fn grad_reduce_in_bf16_with_the_distributed_optimizer() {
     let h = "--bf16 --grad-reduce-in-bf16";
     let one = run(&format!("{} {h}", layout(1, 1))).0;
-    for (tp, dp, extra) in [(1, 2, ""), (1, 2, "--overlap-grad-reduce --ddp-bucket-size 20000"), (1, 4, ""), (2, 2, "")]
-    {
+    for (tp, dp, extra) in [
+        (1, 2, ""),
+        (1, 2, "--overlap-grad-reduce --ddp-bucket-size 20000"),
+        (1, 4, ""),
+        (2, 2, ""),
+        (1, 2, "--nproc 4 --pipeline-model-parallel-size 2"),
+    ] {
         let name = format!("tp{tp} dp{dp} {extra}");
         let plain = run(&format!("{} {h} {extra}", layout(tp, dp))).0;
         let dist = run(&format!("{} {h} {extra} {DIST}", layout(tp, dp))).0;
