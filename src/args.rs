@@ -368,7 +368,8 @@ pub struct PretrainArgs {
     /// here (accepted for compatibility; see docs/mixed_precision.md).
     #[arg(long)]
     pub accumulate_allreduce_grads_in_fp32: bool,
-    /// With --bf16: bf16 gradient buffers instead of fp32 ones (data-parallel size 1 only).
+    /// With --bf16: bf16 gradient buffers instead of fp32 ones, reduced (all-reduce, or reduce-scatter
+    /// with --use-distributed-optimizer) over data parallel in bf16.
     #[arg(long)]
     pub grad_reduce_in_bf16: bool,
     /// Accepted: our attention always computes its softmax in fp32 from half inputs.

@@ -206,18 +206,8 @@ impl TrainConfig {
         // fp32 main parameters in the optimizer, fp32 gradients (--accumulate-allreduce-grads-in-fp32
         // is always on for half types here; fp16 gradient buffers are not offered).
         need(!a.grad_reduce_in_bf16 || a.bf16, "--grad-reduce-in-bf16 applies to --bf16 runs only; drop it".into());
-        need(
-            !a.grad_reduce_in_bf16 || (world_size / (tp * pp)).max(1) == 1,
-            "--grad-reduce-in-bf16 needs data-parallel size 1 (the data-parallel reducer reduces fp32 \
-             gradients); drop it to reduce in fp32"
-                .into(),
-        );
-        need(
-            !(a.grad_reduce_in_bf16 && a.use_distributed_optimizer),
-            "--grad-reduce-in-bf16 with --use-distributed-optimizer: the distributed optimizer's reducer \
-             reduce-scatters fp32 gradients; drop one of them"
-                .into(),
-        );
+        // --grad-reduce-in-bf16 at any data-parallel size, with or without the distributed
+        // optimizer: the reducer all-reduces / reduce-scatters bf16 buckets in bf16 (SPEC §5.7).
         let half_models = ["gpt", "hybrid", "mamba", "t5", "bert", "swiglu-mlp-lm"];
         need(
             half_models.contains(&a.model.as_str()) || !(a.bf16 || a.fp16),

@@ -26,9 +26,9 @@
 //! Mixed precision (`--bf16`/`--fp16`, SPEC §5.7/§6.7; this optimizer is then not wrapped in a
 //! [`crate::MixedPrecisionOptimizer`]): a half parameter's fp32 main values are kept **only for
 //! the shard** too, one fp32 tensor per segment, made from the half values on the first step
-//! (or loaded). The step takes the reduced gradients of the shard (fp32; half gradients would
-//! be widened exactly, but the driver refuses `--grad-reduce-in-bf16` with this optimizer as
-//! its reducer reduce-scatters fp32), updates the main values in fp32, rounds them once (to
+//! (or loaded). The step takes the reduced gradients of the shard (fp32, or bf16 with
+//! `--grad-reduce-in-bf16`, whose buckets the reducer reduce-scatters in bf16: widened exactly to
+//! fp32 here), updates the main values in fp32, rounds them once (to
 //! nearest even, the backend's cast) to the bucket's dtype on the owning rank, and all-gathers
 //! the half values into the model: 2 bytes per element on the wire, as Megatron, and bitwise
 //! what rounding a full main copy on every rank gives, since rounding is elementwise. Per rank

@@ -1,6 +1,6 @@
 //! [`DdpReducer`]: Megatron's `DistributedDataParallel` gradient reduction (SPEC §5.6) for
-//! one rank. Gradients are packed into per-bucket flat fp32 buffers, pre-scaled by
-//! `1/(dp*cp)` and SUM all-reduced over the DP×CP group, one collective per bucket.
+//! one rank. Gradients are packed into per-bucket flat buffers (fp32; bf16 for bf16 gradients),
+//! pre-scaled by `1/(dp*cp)` and SUM all-reduced over the DP×CP group, one collective per bucket.
 //!
 //! With `overlap_grad_reduce` a bucket is handed to a communication thread as soon as all of
 //! its parameters were reported final ([`GradSync::grads_ready`], called from the last
@@ -17,6 +17,12 @@
 //! ranges it owns. Parameters named in `separate_buckets` (the tied word embedding with
 //! pp > 1) get a bucket of their own, so the first and last stage own the same rows of it and
 //! the embedding-group all-reduce of the shards stays correct (Megatron's rule).
+//!
+//! Bucket dtype: a bucket whose gradients are all bf16 (`--grad-reduce-in-bf16`, SPEC §6.7) is
+//! pre-scaled and reduced (all-reduce or reduce-scatter) **in bf16**, as Megatron's bf16 gradient
+//! buffer: half the bytes on the wire; the communicator sums half inputs in fp32 in rank order
+//! and rounds once, for both collectives, so a reduce-scatter gives bitwise the same range as
+//! the all-reduce. Any other bucket (fp32 gradients, or a mix) is reduced in fp32.
 
 use crate::buckets::{default_bucket_size, layout_buckets_separate, Bucket};
 use crate::strategy::dp_cp_group;
@@ -104,6 +110,8 @@ pub struct DdpReducer {
     scale: f32,
     names: Vec<String>,
     buckets: Vec<Bucket>,
+    /// The dtype each bucket is reduced in (bf16 when all its gradients are bf16, else fp32).
+    dtypes: Vec<DType>,
     /// Parameter name -> (bucket, position in the bucket).
     slot: HashMap<String, (usize, usize)>,
     staging: Vec<Staging>,
@@ -168,7 +176,19 @@ impl DdpReducer {
         } else {
             None
         };
+        let dtypes = buckets
+            .iter()
+            .map(|b| {
+                let all_bf16 = b.params.iter().all(|&i| params[i].grad.dtype() == DType::BF16);
+                if all_bf16 && !b.params.is_empty() {
+                    DType::BF16
+                } else {
+                    DType::F32
+                }
+            })
+            .collect();
         let mut r = DdpReducer {
+            dtypes,
             scale: 1.0 / group.size() as f32,
             group,
             comm: ctx.comm.clone(),
@@ -256,9 +276,11 @@ impl DdpReducer {
                 p.name
             );
         }
+        // Staged in fp32: exact for bf16 gradients (a bf16 bucket is rounded back losslessly).
         let grad = match self.backend.to_host(&p.grad)? {
             HostBuffer::F32(v) => v,
-            other => bail!("data-parallel reduction needs fp32 main grads, `{}` has {}", p.name, other.dtype()),
+            b @ (HostBuffer::BF16(_) | HostBuffer::F16(_)) => b.to_f32_vec(),
+            other => bail!("data-parallel reduction needs float gradients, `{}` has {}", p.name, other.dtype()),
         };
         let bucket = &self.buckets[b];
         let off = bucket.offsets[k];
@@ -284,10 +306,20 @@ impl DdpReducer {
         st.launched = true;
         let data = std::mem::take(&mut st.data);
         let n = data.len();
-        let mut t = self.backend.from_host(HostBuffer::F32(data), &[n])?;
-        // Pre-scaling (rather than dividing the sum) is Megatron's default (SPEC §5.6).
+        let dtype = self.dtypes[b];
+        let wide = self.backend.from_host(HostBuffer::F32(data), &[n])?;
+        let mut t = if dtype == DType::F32 {
+            wide
+        } else {
+            // Exact: every staged value came from a bf16 gradient.
+            let mut half = self.backend.zeros(&[n], dtype)?;
+            self.backend.cast(&wide, &mut half)?;
+            half
+        };
+        // Pre-scaling (rather than dividing the sum) is Megatron's default (SPEC §5.6); a bf16
+        // bucket is scaled in bf16 (rounded once per element), as Megatron's bf16 buffer.
         self.backend.scale(&mut t, self.scale)?;
-        let shard_out = if self.shard { Some(self.backend.zeros(&[n / self.group.size()], DType::F32)?) } else { None };
+        let shard_out = if self.shard { Some(self.backend.zeros(&[n / self.group.size()], dtype)?) } else { None };
         match &self.thread {
             Some(th) => {
                 let jobs = th.jobs.as_ref().ok_or_else(|| anyhow!("the data-parallel communication thread is gone"))?;
@@ -351,6 +383,7 @@ impl DdpReducer {
             let t = self.reduced[b].take().ok_or_else(|| anyhow!("gradient bucket {b} was never reduced"))?;
             let flat = match backend.to_host(&t)? {
                 HostBuffer::F32(v) => v,
+                h @ HostBuffer::BF16(_) if self.dtypes[b] == DType::BF16 => h.to_f32_vec(),
                 other => bail!("reduced gradient bucket {b} came back as {}", other.dtype()),
             };
             // Sharded: `flat` is this rank's range of the padded bucket; the rest reads as 0.
@@ -367,7 +400,14 @@ impl DdpReducer {
                 let g: Vec<f32> =
                     (off..off + n).map(|j| if (lo..hi).contains(&j) { flat[j - lo] } else { 0.0 }).collect();
                 let src = backend.from_host(HostBuffer::F32(g), p.grad.shape())?;
-                backend.copy(&src, &mut p.grad).with_context(|| format!("writing back the gradient of {}", p.name))?;
+                // A bf16 gradient gets its bf16-reduced values back exactly (a mixed fp32 bucket
+                // rounds them once here).
+                if p.grad.dtype() == DType::F32 {
+                    backend.copy(&src, &mut p.grad)
+                } else {
+                    backend.cast(&src, &mut p.grad)
+                }
+                .with_context(|| format!("writing back the gradient of {}", p.name))?;
             }
         }
         // After the buckets (and the overlap thread) are done: one collective at a time.
