@@ -5,25 +5,16 @@
 mod common;
 
 use common::{backend, batch, tiny_config, tiny_llama_config};
-use megatron_core::{DType, Mode, Model, ParallelContext};
+use megatron_core::half_parity::{assert_half_matches_fp32, assert_param_dtypes, one_step};
+use megatron_core::{DType, Model, ParallelContext};
 use megatron_gpt::{GptConfig, GptModel};
 
-/// Loss and concatenated gradients of one microbatch.
+/// Loss and concatenated gradients of one microbatch (the same batch for every config).
 fn loss_and_grads(c: GptConfig) -> (f64, Vec<f32>, GptModel) {
     let mut m = GptModel::new(c.clone(), backend(), ParallelContext::single()).unwrap();
     let b = batch(2, c.seq_length, c.vocab_size, 5);
-    let r = m.forward(&b, Mode::Train).unwrap();
-    m.backward(1.0 / r.num_tokens as f32).unwrap();
-    let bk = backend();
-    let g = m.params().iter().flat_map(|p| bk.to_host(&p.grad).unwrap().to_f32_vec()).collect();
-    (r.loss_sum / r.num_tokens, g, m)
-}
-
-/// `|a - b| / |b|` in the L2 norm.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (d / n).sqrt()
+    let (loss, grads) = one_step(&mut m, &b, backend().as_ref());
+    (loss, grads, m)
 }
 
 fn check(base: GptConfig, dtype: DType, fp32_residual: bool, loss_tol: f64, grad_tol: f64) {
@@ -32,17 +23,10 @@ fn check(base: GptConfig, dtype: DType, fp32_residual: bool, loss_tol: f64, grad
     c.params_dtype = dtype;
     c.fp32_residual_connection = fp32_residual;
     let (lh, gh, m) = loss_and_grads(c);
-    for p in m.params() {
-        assert_eq!(p.value.dtype(), dtype, "{} is not {dtype}", p.name);
-        assert_eq!(p.grad.dtype(), DType::F32, "{}: gradients accumulate in fp32", p.name);
-    }
+    assert_param_dtypes(&m.params(), |_| dtype);
     let want_residual = if fp32_residual { DType::F32 } else { dtype };
     assert_eq!(m.decoder.residual_dtype(), want_residual);
-    let rel = ((lh - l32) / l32).abs();
-    assert!(rel < loss_tol, "{dtype}: loss {lh} vs fp32 {l32} (rel {rel:.2e} >= {loss_tol:.0e})");
-    let e = rel_l2(&gh, &g32);
-    assert!(e < grad_tol, "{dtype}: gradient rel. L2 error {e:.3e} >= {grad_tol:.0e}");
-    assert!(e > 0.0, "{dtype}: gradients identical to fp32: the half path did not run");
+    assert_half_matches_fp32(&format!("{dtype}"), &[("loss", lh, l32)], &gh, &g32, loss_tol, grad_tol);
 }
 
 // Tolerances: bf16 keeps 8 significant bits (rel. rounding 2^-9 ≈ 2e-3 per value); after a
