@@ -79,3 +79,40 @@ pub fn max_rel(a: &[(u64, f64)], b: &[(u64, f64)]) -> f64 {
         })
         .fold(0.0, f64::max)
 }
+
+/// A series by its bits, so a NaN (the loss of a skipped iteration) equals itself.
+pub fn bits(series: &[(u64, f64)]) -> Vec<(u64, u64)> {
+    series.iter().map(|(i, v)| (*i, v.to_bits())).collect()
+}
+
+/// A NaN in this gradient forces a skipped step (fp16: an overflow for the loss scaler).
+pub const NAN_PARAM: &str = "decoder.layers.1.mlp.linear_fc2.weight";
+
+/// Half-precision flags with one skipped step: bf16 with a NaN gradient at iteration 12 (the
+/// guard skips it); fp16 with a live scaler (2^16, doubled after 4 good steps, halved on every
+/// overflow) and a forced overflow at 7 (the scaler skips it and backs off).
+pub fn half_with_a_skipped_step(precision: &str) -> String {
+    match precision {
+        "bf16" => format!("--bf16 --inject-nan-grad 12:0:{NAN_PARAM}"),
+        _ => format!(
+            "--fp16 --initial-loss-scale 65536 --loss-scale-window 4 --hysteresis 1 --inject-nan-grad 7:0:{NAN_PARAM}"
+        ),
+    }
+}
+
+/// `pretrain` with `--metrics-jsonl` in a temporary directory: the summary and the loss scale of
+/// every iteration.
+pub fn pretrain_with_loss_scales(mut args: Vec<String>) -> (TrainSummary, Vec<(u64, f64)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("metrics.jsonl");
+    args.extend(["--metrics-jsonl".to_string(), jsonl.display().to_string()]);
+    let summary = pretrain(&args).unwrap_or_else(|e| panic!("{}: {e:#}", args.join(" ")));
+    let scales = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["tag"] == "loss-scale")
+        .map(|v| (v["iteration"].as_u64().unwrap(), v["value"].as_f64().unwrap()))
+        .collect();
+    (summary, scales)
+}

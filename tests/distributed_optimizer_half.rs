@@ -21,43 +21,15 @@ fn layout(tp: usize, dp: usize) -> String {
 }
 
 const DIST: &str = "--use-distributed-optimizer";
-const NAN_PARAM: &str = "decoder.layers.1.mlp.linear_fc2.weight";
-
-/// bf16: a NaN gradient at 12 (the guard skips it); fp16: a live scaler (2^16, doubled after 4
-/// good steps) and a forced overflow at 7 (the scaler skips it and backs off).
-fn half(precision: &str) -> String {
-    match precision {
-        "bf16" => format!("--bf16 --inject-nan-grad 12:0:{NAN_PARAM}"),
-        _ => format!(
-            "--fp16 --initial-loss-scale 65536 --loss-scale-window 4 --hysteresis 1 --inject-nan-grad 7:0:{NAN_PARAM}"
-        ),
-    }
-}
-
-fn bits(series: &[(u64, f64)]) -> Vec<(u64, u64)> {
-    series.iter().map(|(i, v)| (*i, v.to_bits())).collect()
-}
-
-/// A run and the loss scale of every iteration (`--metrics-jsonl`).
+/// A run and the loss scale of every iteration.
 fn run(extra: &str) -> (megatron::train::TrainSummary, Vec<(u64, f64)>) {
-    let dir = tempfile::tempdir().unwrap();
-    let jsonl = dir.path().join("metrics.jsonl");
-    let summary = pretrain(&flags(&format!("{extra} --metrics-jsonl {}", jsonl.display())))
-        .unwrap_or_else(|e| panic!("{extra}: {e:#}"));
-    let scales = std::fs::read_to_string(&jsonl)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["tag"] == "loss-scale")
-        .map(|v| (v["iteration"].as_u64().unwrap(), v["value"].as_f64().unwrap()))
-        .collect();
-    (summary, scales)
+    pretrain_with_loss_scales(flags(extra))
 }
 
 #[test]
 fn half_distributed_optimizer_matches_the_run_without_it() {
     for precision in ["bf16", "fp16"] {
-        let h = half(precision);
+        let h = half_with_a_skipped_step(precision);
         for (tp, dp) in [(1, 2), (1, 4), (2, 2)] {
             let name = format!("{precision} tp{tp} dp{dp}");
             let (plain, plain_scales) = run(&format!("{} {h}", layout(tp, dp)));
@@ -148,7 +120,7 @@ fn half_checkpoints_move_across_layouts_with_the_distributed_optimizer() {
         ("bf16", "--bf16".to_string(), (&dp2, true), (&dp1, false)),
         ("bf16", "--bf16".to_string(), (&dp1, false), (&dp2, true)),
         ("bf16", "--bf16".to_string(), (&dp4, true), (&tp2dp2, true)),
-        ("fp16", half("fp16"), (&dp2, true), (&dp2, false)),
+        ("fp16", half_with_a_skipped_step("fp16"), (&dp2, true), (&dp2, false)),
     ];
     for (k, (precision, h, (save, save_dist), (resume, resume_dist))) in hops.iter().enumerate() {
         let with = |l: &str, d: bool| if d { format!("{l} {DIST}") } else { l.to_string() };

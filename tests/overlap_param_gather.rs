@@ -96,43 +96,14 @@ fn half_flags(extra: &str) -> Vec<String> {
     flags(extra).into_iter().filter(|f| f != "--overlap-grad-reduce").collect()
 }
 
-/// A series by its bits, so a NaN (the loss of a skipped iteration) equals itself.
-fn bits(series: &[(u64, f64)]) -> Vec<(u64, u64)> {
-    series.iter().map(|(i, v)| (*i, v.to_bits())).collect()
-}
-
-/// A NaN in this gradient forces a skipped step (fp16: an overflow for the loss scaler).
-const NAN_PARAM: &str = "decoder.layers.1.mlp.linear_fc2.weight";
-
-/// bf16 (a NaN gradient at iteration 12, skipped by the guard) and fp16 with a live scaler
-/// (2^16, doubled after 4 good steps, halved on every overflow) and a forced overflow at 7.
-fn half(precision: &str) -> String {
-    match precision {
-        "bf16" => format!("--bf16 --inject-nan-grad 12:0:{NAN_PARAM}"),
-        _ => format!(
-            "--fp16 --initial-loss-scale 65536 --loss-scale-window 4 --hysteresis 1 --inject-nan-grad 7:0:{NAN_PARAM}"
-        ),
-    }
-}
-
 /// A run with the loss scale of every iteration (from `--metrics-jsonl`).
 struct Run {
     summary: megatron::train::TrainSummary,
     scales: Vec<(u64, f64)>,
 }
 
-fn run(mut args: Vec<String>) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let jsonl = dir.path().join("metrics.jsonl");
-    args.extend(["--metrics-jsonl".to_string(), jsonl.display().to_string()]);
-    let summary = pretrain(&args).unwrap_or_else(|e| panic!("{}: {e:#}", args.join(" ")));
-    let text = std::fs::read_to_string(&jsonl).unwrap();
-    let scales = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v["tag"] == "loss-scale")
-        .map(|v| (v["iteration"].as_u64().unwrap(), v["value"].as_f64().unwrap()))
-        .collect();
+fn run(args: Vec<String>) -> Run {
+    let (summary, scales) = pretrain_with_loss_scales(args);
     Run { summary, scales }
 }
 
@@ -156,7 +127,7 @@ fn skipped(r: &Run) -> Vec<u64> {
 #[test]
 fn overlapped_param_gather_in_bf16_and_fp16_is_bit_identical() {
     for precision in ["bf16", "fp16"] {
-        let h = half(precision);
+        let h = half_with_a_skipped_step(precision);
         let single = run(tiny_with(&format!(
             "--vocab-size 128 --make-vocab-size-divisible-by 64 --hidden-dropout 0 --attention-dropout 0 \
              --global-batch-size 8 --train-iters 20 --eval-interval 10 --eval-iters 1 --log-interval 10 {h}"
@@ -197,7 +168,7 @@ fn overlapped_half_checkpoints_and_rewinds_are_bit_identical() {
     let lay = layout(1, 1, 2);
     let dir = tempfile::tempdir().unwrap();
     for precision in ["bf16", "fp16"] {
-        let h = half(precision);
+        let h = half_with_a_skipped_step(precision);
         let straight = pretrain(&half_flags(&format!("{lay} {h} {OVERLAP}"))).unwrap();
         let ckpt = dir.path().join(precision);
         let ckpt = ckpt.to_str().unwrap();
@@ -218,7 +189,11 @@ fn overlapped_half_checkpoints_and_rewinds_are_bit_identical() {
     }
     let rewind = |name: &str, extra: &str| {
         let save = dir.path().join(name);
-        let f = format!("{lay} {} --on-nan rewind --save {} --save-interval 5 {extra}", half("bf16"), save.display());
+        let f = format!(
+            "{lay} {} --on-nan rewind --save {} --save-interval 5 {extra}",
+            half_with_a_skipped_step("bf16"),
+            save.display()
+        );
         pretrain(&half_flags(&f)).unwrap()
     };
     let (sync, over) = (rewind("rewind-sync", ""), rewind("rewind-overlap", OVERLAP));

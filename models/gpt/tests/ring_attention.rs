@@ -7,31 +7,14 @@
 
 mod common;
 
-use common::backend;
+use common::{backend, lcg_values, max_abs_rel, rows};
 use megatron_comm_local::LocalCommunicator;
 use megatron_core::{AttentionSpec, DType, HostBuffer, RankGrid};
 use megatron_transformer::context_parallel::{local_positions, ring_attention_backward, ring_attention_forward};
 
+/// The test's inputs: [`lcg_values`] from `seed + 99`.
 fn lcg(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_add(99);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 1.5
-        })
-        .collect()
-}
-
-/// Rows `(b, t)` of a `(B, T, width)` tensor at positions `pos`, as `(B, pos.len(), width)`.
-fn rows(x: &[f32], b: usize, t: usize, width: usize, pos: &[usize]) -> Vec<f32> {
-    (0..b)
-        .flat_map(|r| pos.iter().flat_map(move |&p| x[(r * t + p) * width..(r * t + p + 1) * width].to_vec()))
-        .collect()
-}
-
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    let max = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max
+    lcg_values(n, seed.wrapping_add(99))
 }
 
 fn check(cp: usize, causal: bool) {
@@ -91,7 +74,7 @@ fn check(cp: usize, causal: bool) {
         let want_dq = rows(&d_qkv, b, t, h * 3 * d, &pos);
         // lse is (B, heads, T): pick the positions per (b, head) row.
         let want_l: Vec<f32> = (0..b * h).flat_map(|bh| pos.iter().map(move |&p| lse[bh * t + p])).collect();
-        let (eo, el, eg) = (rel(&o, &want_o), rel(&l, &want_l), rel(&dq, &want_dq));
+        let (eo, el, eg) = (max_abs_rel(&o, &want_o), max_abs_rel(&l, &want_l), max_abs_rel(&dq, &want_dq));
         println!("cp {cp} causal {causal} positions {pos:?}: out {eo:.1e} lse {el:.1e} d_qkv {eg:.1e}");
         assert!(eo < 1e-5 && el < 1e-5 && eg < 1e-5, "cp {cp} causal {causal}: out {eo}, lse {el}, d_qkv {eg}");
     }

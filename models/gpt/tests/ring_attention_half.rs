@@ -22,28 +22,16 @@
 
 mod common;
 
-use common::backend;
+use common::{backend, lcg_values, max_abs_rel, rows};
 use megatron_comm_local::LocalCommunicator;
 use megatron_core::{AttentionSpec, Backend, DType, DeviceTensor, HostBuffer, RankGrid, RotarySpec};
 use megatron_transformer::context_parallel::{
     local_positions, ring_attention_backward, ring_attention_forward, rotary_context_parallel,
 };
 
+/// The test's inputs: [`lcg_values`] from `seed + 7`.
 fn lcg(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_add(7);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 1.5
-        })
-        .collect()
-}
-
-/// Rows `(b, t)` of a `(B, T, width)` tensor at positions `pos`, as `(B, pos.len(), width)`.
-fn rows(x: &[f32], b: usize, t: usize, width: usize, pos: &[usize]) -> Vec<f32> {
-    (0..b)
-        .flat_map(|r| pos.iter().flat_map(move |&p| x[(r * t + p) * width..(r * t + p + 1) * width].to_vec()))
-        .collect()
+    lcg_values(n, seed.wrapping_add(7))
 }
 
 /// `v` as a `dtype` tensor (rounded once by the backend's cast).
@@ -61,12 +49,6 @@ fn round(bk: &dyn Backend, v: &[f32], dtype: DType) -> Vec<f32> {
 
 fn host(bk: &dyn Backend, x: &DeviceTensor) -> Vec<f32> {
     bk.to_host(x).unwrap().to_f32_vec()
-}
-
-/// Largest absolute difference relative to the largest reference value.
-fn rel(a: &[f32], b: &[f32]) -> f32 {
-    let max = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -147,7 +129,7 @@ fn check(dtype: DType, cp: usize, causal: bool) {
         let want_o = round(bk, &rows(&out, b, t, h * d, &pos), dtype);
         let want_dq = rows(&d_qkv, b, t, h * 3 * d, &pos);
         let want_l: Vec<f32> = (0..b * h).flat_map(|bh| pos.iter().map(move |&p| lse[bh * t + p])).collect();
-        let (eo, el, eg) = (rel(&o, &want_o), rel(&l, &want_l), rel(&dq, &want_dq));
+        let (eo, el, eg) = (max_abs_rel(&o, &want_o), max_abs_rel(&l, &want_l), max_abs_rel(&dq, &want_dq));
         println!("{case}: vs single-rank f32: out {eo:.1e} lse {el:.1e} d_qkv {eg:.1e} (u {u:.1e})");
         let tol = u + 2e-5;
         assert!(eo <= tol && el < 1e-5 && eg <= tol, "{case}: out {eo:.1e}, lse {el:.1e}, d_qkv {eg:.1e} vs u {u:.1e}");

@@ -71,3 +71,27 @@ pub fn batch(b: usize, s: usize, vocab: usize, seed: u64) -> Batch {
     let loss_mask = (0..b * s).map(|i| if i % s == s - 1 { 0.0 } else { 1.0 }).collect();
     Batch { micro_batch_size: b, seq_length: s, tokens, labels, loss_mask, seed }
 }
+
+/// `n` values in [-1.5, 1.5) from an LCG whose state starts at `state`.
+pub fn lcg_values(n: usize, state: u64) -> Vec<f32> {
+    let mut s = state;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 1.5
+        })
+        .collect()
+}
+
+/// Rows `(b, t)` of a `(B, T, width)` tensor at positions `pos`, as `(B, pos.len(), width)`.
+pub fn rows(x: &[f32], b: usize, t: usize, width: usize, pos: &[usize]) -> Vec<f32> {
+    (0..b)
+        .flat_map(|r| pos.iter().flat_map(move |&p| x[(r * t + p) * width..(r * t + p + 1) * width].to_vec()))
+        .collect()
+}
+
+/// Largest `|a - b|` over the largest `|b|` (at least 1e-6).
+pub fn max_abs_rel(a: &[f32], b: &[f32]) -> f32 {
+    let max = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / max
+}
