@@ -38,9 +38,9 @@ pub mod tensor;
 
 pub use attention_block::AttentionBlockSpec;
 pub use backend::{
-    ActivationOps, AdamStep, AttentionOps, AttentionSpec, Backend, ElementwiseOps, EmbeddingLossOps, GemmOps, GemmSpec,
-    KvCacheAttentionSpec, KvCacheOps, MambaOps, MemoryOps, NormOps, OptimizerOps, PaddedAttentionOps, RingAttentionOps,
-    RotaryOps, RotarySpec,
+    copy_any, ActivationOps, AdamStep, AttentionOps, AttentionSpec, Backend, ElementwiseOps, EmbeddingLossOps, GemmOps,
+    GemmSpec, KvCacheAttentionSpec, KvCacheOps, MambaOps, MemoryOps, NormOps, OptimizerOps, PaddedAttentionOps,
+    RingAttentionOps, RotaryOps, RotarySpec,
 };
 pub use comm::{Communicator, Group, ReduceOp, SingleRankCommunicator};
 pub use cross_attention::CrossAttentionSpec;

@@ -18,3 +18,14 @@ pub trait MemoryOps {
     /// `dst = cast(src)` between float dtypes (round to nearest even).
     fn cast(&self, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()>;
 }
+
+/// `dst = src`, converting when the dtypes differ (e.g. an fp32 residual into a half buffer, or
+/// an fp32-gathered bucket into a half parameter): `copy` for an equal dtype (equal shapes
+/// checked), else `cast` (rounded once, to nearest even).
+pub fn copy_any<B: MemoryOps + ?Sized>(backend: &B, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
+    if src.dtype() == dst.dtype() {
+        backend.copy(src, dst)
+    } else {
+        backend.cast(src, dst)
+    }
+}

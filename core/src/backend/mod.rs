@@ -72,7 +72,7 @@ pub use gemm::GemmSpec;
 pub use kv_cache::KvCacheAttentionSpec;
 pub use kv_cache::KvCacheOps;
 pub use mamba::MambaOps;
-pub use memory::MemoryOps;
+pub use memory::{copy_any, MemoryOps};
 pub use norm::NormOps;
 pub use optimizer::AdamStep;
 pub use optimizer::OptimizerOps;

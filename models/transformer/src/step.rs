@@ -92,14 +92,9 @@ pub fn ensure_buffer(backend: &dyn Backend, t: &mut DeviceTensor, shape: &[usize
     Ok(())
 }
 
-/// `dst = src`, converting when the dtypes differ (e.g. an fp32 residual into a half buffer).
-pub fn copy_any(backend: &dyn Backend, src: &DeviceTensor, dst: &mut DeviceTensor) -> Result<()> {
-    if src.dtype() == dst.dtype() {
-        backend.copy(src, dst)
-    } else {
-        backend.cast(src, dst)
-    }
-}
+/// Re-exported for the models built from these blocks (defined beside `copy`/`cast` in core,
+/// where the optimizers and the data-parallel reducer use it too).
+pub use megatron_core::copy_any;
 
 /// Sets the gradient of every parameter in `params` to zero: the `Model::zero_grad` of every
 /// model built from these blocks (one implementation for all of them).

@@ -43,8 +43,8 @@ use crate::param_gather::{slice, ParamGather};
 use crate::state_tensors::{self, clone_tensor};
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
-    AdamStep, Backend, Communicator, DType, DeviceTensor, ForwardPreHook, Group, HostBuffer, Optimizer, OptimizerState,
-    Param, SharedForwardPreHook,
+    copy_any, AdamStep, Backend, Communicator, DType, DeviceTensor, ForwardPreHook, Group, HostBuffer, Optimizer,
+    OptimizerState, Param, SharedForwardPreHook,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -282,7 +282,7 @@ fn host(backend: &dyn Backend, t: &DeviceTensor, what: &str) -> Result<Vec<f32>>
     }
 }
 
-/// The (fp32) range `range` of the parameter `name` from a per-parameter checkpoint tensor.
+/// The range `range` of a per-parameter checkpoint tensor (or parameter value) as fp32.
 fn slice_state(
     backend: &dyn Backend,
     t: &DeviceTensor,
@@ -362,12 +362,8 @@ impl Optimizer for DistributedOptimizer {
             for (name, off, numel) in &self.buckets[b].params {
                 let p = &mut *params[find(name)?];
                 let src = backend.from_host(slice(&full, *off..off + numel)?, p.value.shape())?;
-                let r = if src.dtype() == p.value.dtype() {
-                    backend.copy(&src, &mut p.value)
-                } else {
-                    backend.cast(&src, &mut p.value) // a bucket of mixed dtypes gathers fp32
-                };
-                r.with_context(|| format!("writing the updated `{name}`"))?;
+                // A bucket of mixed dtypes gathers fp32: rounded into a half parameter here.
+                copy_any(backend, &src, &mut p.value).with_context(|| format!("writing the updated `{name}`"))?;
             }
         }
         // Every step, so the plain Adam's step count (bias correction) stays this one's.

@@ -22,7 +22,7 @@
 
 use crate::dist_opt::ShardedBucket;
 use anyhow::{anyhow, bail, Context, Result};
-use megatron_core::{Backend, Communicator, DeviceTensor, ForwardPreHook, Group, HostBuffer, Param};
+use megatron_core::{copy_any, Backend, Communicator, DeviceTensor, ForwardPreHook, Group, HostBuffer, Param};
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -136,12 +136,9 @@ impl ParamGather {
         self.wait_for(b)?;
         let full = self.arrived[b].as_ref().ok_or_else(|| anyhow!("bucket {b} vanished"))?;
         let src = self.backend.from_host(slice(full, off..off + n)?, p.value.shape())?;
-        let r = if src.dtype() == p.value.dtype() {
-            self.backend.copy(&src, &mut p.value)
-        } else {
-            self.backend.cast(&src, &mut p.value)
-        };
-        r.with_context(|| format!("writing the updated `{}`", p.name))?;
+        // A bucket of mixed dtypes gathers fp32: rounded into a half parameter here.
+        copy_any(self.backend.as_ref(), &src, &mut p.value)
+            .with_context(|| format!("writing the updated `{}`", p.name))?;
         self.unwritten[b].remove(&p.name);
         if self.unwritten[b].is_empty() {
             self.arrived[b] = None; // every parameter of the bucket has its value: free it

@@ -28,7 +28,7 @@ use crate::buckets::{default_bucket_size, layout_buckets_separate, Bucket};
 use crate::strategy::dp_cp_group;
 use anyhow::{anyhow, bail, Context, Result};
 use megatron_core::{
-    Backend, Communicator, DType, DeviceTensor, GradSync, Group, HostBuffer, ParallelContext, Param, ReduceOp,
+    copy_any, Backend, Communicator, DType, DeviceTensor, GradSync, Group, HostBuffer, ParallelContext, Param, ReduceOp,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -402,12 +402,8 @@ impl DdpReducer {
                 let src = backend.from_host(HostBuffer::F32(g), p.grad.shape())?;
                 // A bf16 gradient gets its bf16-reduced values back exactly (a mixed fp32 bucket
                 // rounds them once here).
-                if p.grad.dtype() == DType::F32 {
-                    backend.copy(&src, &mut p.grad)
-                } else {
-                    backend.cast(&src, &mut p.grad)
-                }
-                .with_context(|| format!("writing back the gradient of {}", p.name))?;
+                copy_any(backend, &src, &mut p.grad)
+                    .with_context(|| format!("writing back the gradient of {}", p.name))?;
             }
         }
         // After the buckets (and the overlap thread) are done: one collective at a time.
